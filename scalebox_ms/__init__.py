@@ -1,0 +1,21 @@
+"""scalebox_ms: MindSpore-native reinforcement learning (PPO compiled into MindSpore graphs)."""
+__version__ = "0.1.0"
+
+from .config import Config, load_config  # noqa: E402  (no MindSpore import)
+from .errors import CheckpointError, ConfigError, ScaleboxError  # noqa: E402
+
+
+def __getattr__(name):  # lazy: importing scalebox_ms must not pay MindSpore's ~3 s import
+    if name == "Sandbox":
+        from .sandbox import Sandbox
+
+        return Sandbox
+    if name in ("PPOTrainer", "Callback"):
+        from . import trainers
+
+        return getattr(trainers, name)
+    raise AttributeError(f"module 'scalebox_ms' has no attribute {name!r}")
+
+
+__all__ = ["Config", "load_config", "CheckpointError", "ConfigError", "ScaleboxError", "Sandbox", "PPOTrainer",
+           "Callback", "__version__"]

@@ -1,0 +1,284 @@
+"""Typed run configuration.
+
+A run is described by one :class:`Config` made of dataclass sections (``env``, ``policy``, ``ppo``,
+``run``, ``sandbox``). YAML files map onto it key by key; ``--set section.key=value`` overrides use YAML
+syntax for the value. Unknown keys, wrong types and bad values raise :class:`ConfigError` naming the key.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+from .errors import ConfigError
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    num_envs: int = 8
+    #: running mean/std observation normalisation (SB3 VecNormalize semantics)
+    normalize_obs: bool = False
+    #: scale rewards by the running std of the discounted return
+    normalize_reward: bool = False
+    clip_obs: float = 10.0
+    clip_reward: float = 10.0
+    #: extra keyword arguments for ``gymnasium.make``
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PolicyConfig:
+    pi_layers: List[int] = field(default_factory=lambda: [64, 64])
+    vf_layers: List[int] = field(default_factory=lambda: [64, 64])
+    activation: str = "tanh"
+    ortho_init: bool = True
+    #: initial log standard deviation of the Gaussian head (continuous actions)
+    log_std_init: float = 0.0
+
+
+@dataclass
+class PPOConfig:
+    n_steps: int = 2048
+    batch_size: int = 64
+    n_epochs: int = 10
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    learning_rate: float = 3e-4
+    lr_schedule: str = "constant"
+    clip_range: float = 0.2
+    clip_schedule: str = "constant"
+    #: clip the value function update around the old value (None: no value clipping)
+    clip_range_vf: Optional[float] = None
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    #: stop the epochs of an update once approx-KL exceeds 1.5 * target_kl (None: never)
+    target_kl: Optional[float] = None
+    normalize_advantage: bool = True
+    adam_eps: float = 1e-5
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    total_steps: int = 100_000
+    #: write a checkpoint every this many env steps (0: only at the end)
+    checkpoint_every: int = 0
+    #: how many checkpoints to keep (oldest removed first)
+    keep_checkpoints: int = 3
+    #: deterministic evaluation episodes at the end of training (0: none)
+    eval_episodes: int = 0
+    progress: bool = True
+
+
+@dataclass
+class SandboxConfig:
+    device: str = "auto"
+    threads: int = 0
+    deterministic: bool = True
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    # ------------------------------------------------------------------ conversion
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: Optional[Dict[str, Any]]) -> "Config":
+        cfg = cls()
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config: expected a mapping of sections, got {type(data).__name__}")
+        sections = {f.name: f for f in dataclasses.fields(cls)}
+        for name, value in data.items():
+            if name not in sections:
+                raise ConfigError(_unknown("config", name, sections))
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"config: section '{name}' must be a mapping, got {type(value).__name__}")
+            section = getattr(cfg, name)
+            for key, v in value.items():
+                _set_field(section, name, key, v)
+        validate(cfg)
+        return cfg
+
+    def with_overrides(self, overrides: List[str]) -> "Config":
+        """Apply ``section.key=value`` strings (values parsed as YAML); returns a new Config."""
+        data = self.to_dict()
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"--set {item!r}: expected section.key=value")
+            path, raw = item.split("=", 1)
+            parts = path.strip().split(".")
+            if len(parts) != 2 or not all(parts):
+                raise ConfigError(f"--set {item!r}: key must be section.key, e.g. ppo.n_steps=64")
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"--set {path}: value {raw!r} is not valid YAML ({_first_line(exc)})") from None
+            section, key = parts
+            if section not in data:
+                raise ConfigError(_unknown("config", section, data))
+            data[section][key] = value
+        return Config.from_dict(data)
+
+
+def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> Config:
+    """Load a YAML config file (None: defaults) and apply ``--set`` overrides."""
+    if path is None:
+        cfg = Config()
+    else:
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file is a directory: {path}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: invalid YAML ({_first_line(exc)})") from None
+        cfg = Config.from_dict(data)
+    if overrides:
+        cfg = cfg.with_overrides(overrides)
+    return cfg
+
+
+# ---------------------------------------------------------------------- validation
+_CHOICES = {
+    ("policy", "activation"): ("tanh", "relu"),
+    ("ppo", "lr_schedule"): ("constant", "linear"),
+    ("ppo", "clip_schedule"): ("constant", "linear"),
+    ("sandbox", "device"): ("auto", "cpu", "gpu", "ascend"),
+}
+
+
+def validate(cfg: Config) -> None:
+    e, p, o, r, s = cfg.env, cfg.policy, cfg.ppo, cfg.run, cfg.sandbox
+    for (section, key), choices in _CHOICES.items():
+        value = getattr(getattr(cfg, section), key)
+        if value not in choices:
+            raise ConfigError(f"{section}.{key}: {value!r} is not one of {', '.join(choices)}")
+    _check(e.id.strip() != "", "env.id", "must not be empty")
+    _check(e.num_envs >= 1, "env.num_envs", f"must be >= 1, got {e.num_envs}")
+    _check(e.clip_obs > 0, "env.clip_obs", f"must be > 0, got {e.clip_obs}")
+    _check(e.clip_reward > 0, "env.clip_reward", f"must be > 0, got {e.clip_reward}")
+    for key in ("pi_layers", "vf_layers"):
+        layers = getattr(p, key)
+        _check(all(n >= 1 for n in layers), f"policy.{key}", f"layer sizes must be >= 1, got {layers}")
+    _check(o.n_steps >= 1, "ppo.n_steps", f"must be >= 1, got {o.n_steps}")
+    _check(o.batch_size >= 1, "ppo.batch_size", f"must be >= 1, got {o.batch_size}")
+    _check(o.n_epochs >= 1, "ppo.n_epochs", f"must be >= 1, got {o.n_epochs}")
+    rollout = o.n_steps * e.num_envs
+    _check(rollout % o.batch_size == 0, "ppo.batch_size",
+           f"({o.batch_size}) must divide ppo.n_steps * env.num_envs ({rollout})")
+    _check(0.0 <= o.gamma <= 1.0, "ppo.gamma", f"must be in [0, 1], got {o.gamma}")
+    _check(0.0 <= o.gae_lambda <= 1.0, "ppo.gae_lambda", f"must be in [0, 1], got {o.gae_lambda}")
+    _check(o.learning_rate > 0, "ppo.learning_rate", f"must be > 0, got {o.learning_rate}")
+    _check(o.clip_range > 0, "ppo.clip_range", f"must be > 0, got {o.clip_range}")
+    _check(o.clip_range_vf is None or o.clip_range_vf > 0, "ppo.clip_range_vf", f"must be > 0 or null, got {o.clip_range_vf}")
+    _check(o.ent_coef >= 0, "ppo.ent_coef", f"must be >= 0, got {o.ent_coef}")
+    _check(o.vf_coef >= 0, "ppo.vf_coef", f"must be >= 0, got {o.vf_coef}")
+    _check(o.max_grad_norm > 0, "ppo.max_grad_norm", f"must be > 0, got {o.max_grad_norm}")
+    _check(o.target_kl is None or o.target_kl > 0, "ppo.target_kl", f"must be > 0 or null, got {o.target_kl}")
+    _check(o.adam_eps > 0, "ppo.adam_eps", f"must be > 0, got {o.adam_eps}")
+    _check(r.seed >= 0, "run.seed", f"must be >= 0, got {r.seed}")
+    _check(r.total_steps >= 1, "run.total_steps", f"must be >= 1, got {r.total_steps}")
+    _check(r.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {r.checkpoint_every}")
+    _check(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {r.keep_checkpoints}")
+    _check(r.eval_episodes >= 0, "run.eval_episodes", f"must be >= 0, got {r.eval_episodes}")
+    _check(s.threads >= 0, "sandbox.threads", f"must be >= 0 (0: automatic), got {s.threads}")
+
+
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _unknown(where: str, key: str, known) -> str:
+    names = list(known)
+    hint = difflib.get_close_matches(str(key), names, n=1)
+    suffix = f" (did you mean '{hint[0]}'?)" if hint else f" (known: {', '.join(names)})"
+    return f"{where}: unknown key '{key}'{suffix}"
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _set_field(section_obj, section: str, key: str, value: Any) -> None:
+    fields = {f.name: f for f in dataclasses.fields(section_obj)}
+    if key not in fields:
+        raise ConfigError(_unknown(section, key, fields))
+    hints = typing.get_type_hints(type(section_obj))
+    setattr(section_obj, key, _coerce(f"{section}.{key}", hints[key], value))
+
+
+def _coerce(name: str, tp, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)][0]
+        return _coerce(name, inner, value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            return int(value)  # YAML writes 1e5 as a float
+        raise ConfigError(f"{name}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise ConfigError(f"{name}: expected a finite number, got {value!r}")
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                f = float(value)
+            except ValueError:
+                pass
+            else:
+                if math.isfinite(f):
+                    return f
+        raise ConfigError(f"{name}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{name}: expected a string, got {value!r}")
+    if origin in (list, List):
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        return [_coerce(f"{name}[{i}]", args[0], v) for i, v in enumerate(value)]
+    if origin in (dict, Dict):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: expected a mapping, got {value!r}")
+        return copy.deepcopy(value)
+    raise TypeError(f"unsupported config field type {tp} for {name}")  # programming error

@@ -1,0 +1,5 @@
+"""Gymnasium vector environments and stateful normalisation wrappers."""
+from .factory import make_vec_env, space_spec
+from .normalize import ObsNormalizer, RewardScaler, RunningMeanStd
+
+__all__ = ["make_vec_env", "space_spec", "ObsNormalizer", "RewardScaler", "RunningMeanStd"]

@@ -1,0 +1,85 @@
+"""Running observation normalisation and return-based reward scaling (SB3 ``VecNormalize`` semantics).
+
+Their statistics are plain numpy arrays with ``state_dict``/``load_state_dict`` so that checkpoints hold
+them and a resumed run normalises exactly as the uninterrupted one would.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class RunningMeanStd:
+    """Streaming mean/variance (Chan et al. parallel update), float64."""
+
+    def __init__(self, shape=(), epsilon: float = 1e-4):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = float(epsilon)
+
+    def update(self, batch: np.ndarray) -> None:
+        batch = np.asarray(batch, np.float64)
+        if batch.shape[0] == 0:
+            return
+        b_mean, b_var, b_count = batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
+        delta = b_mean - self.mean
+        total = self.count + b_count
+        self.mean = self.mean + delta * b_count / total
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.tolist(), "var": self.var.tolist(), "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean = np.asarray(state["mean"], np.float64).reshape(self.mean.shape)
+        self.var = np.asarray(state["var"], np.float64).reshape(self.var.shape)
+        self.count = float(state["count"])
+
+
+class ObsNormalizer:
+    """obs -> clip((obs - mean) / sqrt(var + eps), -clip, clip) with running statistics."""
+
+    def __init__(self, obs_dim: int, clip: float = 10.0, epsilon: float = 1e-8):
+        self.rms = RunningMeanStd((obs_dim,))
+        self.clip, self.epsilon = float(clip), float(epsilon)
+
+    def __call__(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
+        if update:
+            self.rms.update(obs)
+        out = (obs - self.rms.mean) / np.sqrt(self.rms.var + self.epsilon)
+        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+
+    def state_dict(self) -> dict:
+        return {"rms": self.rms.state_dict(), "clip": self.clip, "epsilon": self.epsilon}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rms.load_state_dict(state["rms"])
+        self.clip, self.epsilon = float(state["clip"]), float(state["epsilon"])
+
+
+class RewardScaler:
+    """Divide rewards by the running std of the discounted return (not centred), then clip."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, epsilon: float = 1e-8):
+        self.rms = RunningMeanStd(())
+        self.returns = np.zeros(num_envs, np.float64)
+        self.gamma, self.clip, self.epsilon = float(gamma), float(clip), float(epsilon)
+
+    def __call__(self, rewards: np.ndarray, dones: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Scale one vector step; ``valid`` False marks autoreset steps, which neither update nor count."""
+        self.returns = np.where(valid, self.returns * self.gamma + rewards, self.returns)
+        if valid.any():
+            self.rms.update(self.returns[valid])
+        scaled = np.clip(rewards / np.sqrt(self.rms.var + self.epsilon), -self.clip, self.clip)
+        self.returns[dones] = 0.0
+        return scaled.astype(np.float32)
+
+    def state_dict(self) -> dict:
+        return {"rms": self.rms.state_dict(), "returns": self.returns.tolist(), "gamma": self.gamma,
+                "clip": self.clip, "epsilon": self.epsilon}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rms.load_state_dict(state["rms"])
+        self.returns = np.asarray(state["returns"], np.float64)
+        self.gamma, self.clip, self.epsilon = float(state["gamma"]), float(state["clip"]), float(state["epsilon"])

@@ -1,0 +1,62 @@
+"""``python -m scalebox_ms.evaluate``: deterministic evaluation of a trained run on fresh envs.
+
+    python -m scalebox_ms.evaluate --run runs/x [--checkpoint FILE] [--episodes 20] [--seed 10000] [--json]
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from .cli_common import OneLineArgumentParser, run_cli
+
+
+def build_parser():
+    p = OneLineArgumentParser(prog="python -m scalebox_ms.evaluate", description="Evaluate a trained PPO run.")
+    p.add_argument("--run", required=True, help="run directory written by scalebox_ms.train")
+    p.add_argument("--checkpoint", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
+    p.add_argument("--episodes", type=int, default=20)
+    p.add_argument("--seed", type=int, default=10_000, help="seed of the evaluation envs")
+    p.add_argument("--stochastic", action="store_true", help="sample actions instead of the deterministic policy")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def go():
+        import os
+
+        from .errors import CheckpointError, ConfigError
+
+        if args.episodes < 1:
+            raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
+        if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):
+            raise CheckpointError(f"--run {args.run}: not a run directory (no config.yaml)")
+        import numpy as np
+
+        from .config import load_config
+        from .trainers import PPOTrainer
+        from .trainers.checkpoint import resolve_checkpoint
+        from .trainers.evaluation import evaluate_policy
+
+        cfg = load_config(os.path.join(args.run, "config.yaml"))
+        ckpt = resolve_checkpoint(args.checkpoint or os.path.join(args.run, "checkpoints"))
+        trainer = PPOTrainer(cfg).load(ckpt)
+        rets = evaluate_policy(trainer, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)
+        trainer.close()
+        result = {"mean_return": float(np.mean(rets)), "std_return": float(np.std(rets)), "episodes": len(rets),
+                  "min_return": float(np.min(rets)), "max_return": float(np.max(rets)),
+                  "checkpoint": ckpt, "global_step": trainer.global_step, "env_id": cfg.env.id,
+                  "deterministic": not args.stochastic}
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print(f"{cfg.env.id} @ step {trainer.global_step}: mean return {result['mean_return']:.2f} "
+                  f"+/- {result['std_return']:.2f} over {len(rets)} episodes ({os.path.basename(ckpt)})")
+
+    return run_cli(go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Action distributions as MindSpore graph functions.
+
+Sampling takes its noise as an input (Gumbel noise for Categorical, standard normal noise for Gaussian) drawn
+by the trainer's numpy Generator. That keeps every random draw reproducible and checkpointable, and avoids
+MindSpore 2.10's CPU RNG pitfalls (``RandomCategorical`` returns one sample per batch; random ops in helpers
+repeat their draw; see DESIGN.md).
+"""
+import math
+
+import mindspore as ms
+from mindspore import ops
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def categorical_log_prob(logits, actions):
+    """log pi(a|s) for integer ``actions`` (B,) under ``logits`` (B, A)."""
+    log_p = ops.log_softmax(logits, -1)
+    return ops.gather_elements(log_p, 1, actions.astype(ms.int32).expand_dims(-1)).squeeze(-1)
+
+
+def categorical_entropy(logits):
+    log_p = ops.log_softmax(logits, -1)
+    return -(ops.exp(log_p) * log_p).sum(-1)
+
+
+def categorical_sample(logits, gumbel_noise):
+    """Gumbel-max sampling: argmax(logits + g), g ~ Gumbel(0, 1); exact samples of softmax(logits)."""
+    return ops.argmax(logits + gumbel_noise, -1).astype(ms.int32)
+
+
+def gaussian_log_prob(mean, log_std, actions):
+    """Sum over action dims of the diagonal Gaussian log density."""
+    z = (actions - mean) * ops.exp(-log_std)
+    return (-0.5 * z * z - log_std - _HALF_LOG_2PI).sum(-1)
+
+
+def gaussian_entropy(log_std, batch_like):
+    """Entropy of the diagonal Gaussian, broadcast to the batch of ``batch_like`` (B, D)."""
+    ent = (0.5 + _HALF_LOG_2PI + log_std).sum(-1)
+    return ops.zeros_like(batch_like[:, 0]) + ent
+
+
+def gaussian_sample(mean, log_std, normal_noise):
+    return mean + ops.exp(log_std) * normal_noise
+

@@ -1,0 +1,414 @@
+"""PPOTrainer: the collect -> advantages -> update loop.
+
+Python->graph calls per iteration (gymnasium path, ``n_steps`` = T, ``n_epochs`` = E, rollout B = T*N,
+``batch_size`` = b):
+
+* T acting calls (:class:`~scalebox_ms.models.ActStep`: action, log-prob and value for all N envs at once),
+* 1 bootstrap value call (:class:`~scalebox_ms.models.ValueStep`),
+* E * B/b update calls (:class:`~scalebox_ms.trainers.ppo_update.PPOUpdateStep`: loss + grads + Adam),
+  fewer when ``target_kl`` stops the update early.
+
+CartPole with rl-zoo3's settings (T=32, E=20, B=b=256): 32 + 1 + 20 = 53 calls per 256 env steps. Everything
+random (sampling noise, minibatch permutations) is drawn from one numpy ``PCG64`` Generator seeded from
+``run.seed`` and saved in checkpoints, so runs are reproducible and resumable bit for bit.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import time
+from typing import Callable, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from ..config import Config
+from ..errors import CheckpointError, ConfigError
+from ..sandbox import Sandbox
+
+
+class Callback:
+    """Hooks into :meth:`PPOTrainer.learn`. Return False from ``on_iteration_end`` to stop training."""
+
+    def on_training_start(self, trainer: "PPOTrainer") -> None:
+        pass
+
+    def on_iteration_end(self, trainer: "PPOTrainer", metrics: dict) -> Optional[bool]:
+        return None
+
+    def on_training_end(self, trainer: "PPOTrainer") -> None:
+        pass
+
+
+def schedule_value(initial: float, kind: str, progress_remaining: float) -> float:
+    """SB3-style schedules: 'constant' or 'linear' (initial * progress_remaining, 1 -> 0 over the run)."""
+    if kind == "linear":
+        return initial * progress_remaining
+    return initial
+
+
+class PPOTrainer:
+    """Proximal Policy Optimization on a gymnasium vector env, compiled with MindSpore.
+
+    Args:
+        config: a :class:`~scalebox_ms.config.Config`, a dict in the YAML layout, or None for defaults.
+        sandbox: an existing :class:`~scalebox_ms.Sandbox`; built from ``config.sandbox`` when omitted.
+
+    Attributes users embed: ``model`` (the :class:`~scalebox_ms.models.ActorCritic` ``nn.Cell``),
+    ``act_step``/``value_step``/``deterministic_step`` (compiled entry points), ``update_step`` (the
+    compiled PPO minibatch update, which owns the Adam optimizer).
+    """
+
+    def __init__(self, config: Union[Config, dict, None] = None, sandbox: Optional[Sandbox] = None):
+        if config is None:
+            config = Config()
+        elif isinstance(config, dict):
+            config = Config.from_dict(config)
+        elif not isinstance(config, Config):
+            raise ConfigError(f"config: expected Config, dict or None, got {type(config).__name__}")
+        self.config = config
+        seed = config.run.seed
+        self.sandbox = sandbox if sandbox is not None else Sandbox.from_config(config.sandbox, seed)
+
+        from ..envs import ObsNormalizer, RewardScaler, make_vec_env, space_spec
+        from ..models import ActStep, DeterministicStep, ValueStep, build_model
+        from .ppo_update import PPOUpdateStep
+
+        e, p = config.env, config.ppo
+        self.env = make_vec_env(e.id, e.num_envs, e.kwargs)
+        self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id)
+        self.model = build_model(self.spec, config.policy)
+        self.act_step = ActStep(self.model)
+        self.value_step = ValueStep(self.model)
+        self.deterministic_step = DeterministicStep(self.model)
+        self.update_step = PPOUpdateStep(self.model, p)
+        self.obs_normalizer = ObsNormalizer(self.spec.obs_dim, e.clip_obs) if e.normalize_obs else None
+        self.reward_scaler = RewardScaler(e.num_envs, p.gamma, e.clip_reward) if e.normalize_reward else None
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+
+        self.global_step = 0
+        self.iteration = 0
+        self.wall_time_s = 0.0  # accumulated over sessions (resume)
+        self.episode_returns: collections.deque = collections.deque(maxlen=100)
+        self.episode_lengths: collections.deque = collections.deque(maxlen=100)
+        self.episodes = 0
+        # in-flight env state between rollouts
+        self._obs: Optional[np.ndarray] = None       # normalised obs the policy sees next
+        self._valid = np.ones(e.num_envs, bool)       # False: the next step is an autoreset step
+        self._ep_return = np.zeros(e.num_envs, np.float64)
+        self._ep_length = np.zeros(e.num_envs, np.int64)
+        self._last_metrics: dict = {}
+        self._predict_rng = np.random.default_rng()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def num_envs(self) -> int:
+        return self.config.env.num_envs
+
+    def normalize_obs(self, obs: np.ndarray, update: bool = False) -> np.ndarray:
+        obs = np.asarray(obs, np.float32).reshape(obs.shape[0], -1)
+        if self.obs_normalizer is None:
+            return obs
+        return self.obs_normalizer(obs, update=update)
+
+    def _noise(self, n: int) -> np.ndarray:
+        if self.spec.discrete:
+            return self.rng.gumbel(size=(n, self.spec.action_dim)).astype(np.float32)
+        return self.rng.standard_normal(size=(n, self.spec.action_dim)).astype(np.float32)
+
+    def _env_actions(self, actions: np.ndarray) -> np.ndarray:
+        if self.spec.discrete:
+            return actions.astype(np.int64)
+        return np.clip(actions, np.asarray(self.spec.low, np.float32), np.asarray(self.spec.high, np.float32))
+
+    def _reset_envs(self, seed: Optional[int]) -> None:
+        obs, _ = self.env.reset(seed=seed)
+        self._obs = self.normalize_obs(obs, update=True)
+        self._valid[:] = True
+        self._ep_return[:] = 0.0
+        self._ep_length[:] = 0
+
+    # ------------------------------------------------------------------ the loop
+    def learn(self, total_steps: Optional[int] = None, callbacks: Sequence[Callback] = (),
+              until: Optional[int] = None) -> "PPOTrainer":
+        """Train until ``global_step`` reaches ``total_steps`` (default ``run.total_steps``).
+
+        ``total_steps`` is also the horizon of the linear schedules. ``until`` pauses earlier (at the first
+        iteration boundary at or past it) without changing the schedules, e.g. to train a run in chunks.
+        """
+        import mindspore as ms
+
+        if total_steps is not None:
+            if int(total_steps) < 1:
+                raise ConfigError(f"total_steps: must be >= 1, got {total_steps}")
+            self.config.run.total_steps = int(total_steps)
+        horizon = self.config.run.total_steps
+        stop_at = horizon if until is None else min(int(until), horizon)
+        if self._obs is None:
+            self._reset_envs(seed=self.config.run.seed)
+        for cb in callbacks:
+            cb.on_training_start(self)
+        p = self.config.ppo
+        from ..buffers import RolloutStorage, compute_gae
+
+        act_shape = () if self.spec.discrete else (self.spec.action_dim,)
+        storage = RolloutStorage(p.n_steps, self.num_envs, self.spec.obs_dim, act_shape,
+                                 np.int32 if self.spec.discrete else np.float32)
+        kl_limit = ms.Tensor(np.float32(np.inf if p.target_kl is None else 1.5 * p.target_kl))
+        clip_vf = ms.Tensor(np.float32(p.clip_range_vf if p.clip_range_vf is not None else np.inf))
+        while self.global_step < stop_at:
+            t_iter = time.perf_counter()
+            progress_remaining = max(0.0, 1.0 - self.global_step / horizon)
+            lr = schedule_value(p.learning_rate, p.lr_schedule, progress_remaining)
+            clip = schedule_value(p.clip_range, p.clip_schedule, progress_remaining)
+
+            t0 = time.perf_counter()
+            self._collect(storage)
+            last_values = self.value_step(ms.Tensor(self._obs)).asnumpy()
+            advantages, returns = compute_gae(storage.rewards, storage.values, last_values, storage.terminated,
+                                              storage.truncated, storage.valid, p.gamma, p.gae_lambda)
+            t_rollout = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            stats = self._update(storage.flat(advantages, returns), lr, clip, clip_vf, kl_limit)
+            t_update = time.perf_counter() - t0
+
+            steps = p.n_steps * self.num_envs
+            self.global_step += steps
+            self.iteration += 1
+            dt = time.perf_counter() - t_iter
+            self.wall_time_s += dt
+            valid = storage.valid
+            metrics = {
+                "iteration": self.iteration,
+                "global_step": self.global_step,
+                "wall_time_s": self.wall_time_s,
+                "steps_per_second": steps / dt,
+                "episode_return_mean": float(np.mean(self.episode_returns)) if self.episode_returns else float("nan"),
+                "episode_length_mean": float(np.mean(self.episode_lengths)) if self.episode_lengths else float("nan"),
+                "episodes": self.episodes,
+                "learning_rate": lr,
+                "clip_range": clip,
+                **stats,
+                "explained_variance": _explained_variance(storage.values[valid], returns[valid]),
+                "rollout_time_s": t_rollout,
+                "update_time_s": t_update,
+            }
+            self._last_metrics = metrics
+            stop = False
+            for cb in callbacks:
+                if cb.on_iteration_end(self, metrics) is False:
+                    stop = True
+            if stop:
+                break
+        for cb in callbacks:
+            cb.on_training_end(self)
+        return self
+
+    def _collect(self, storage) -> None:
+        import mindspore as ms
+
+        N = self.num_envs
+        for t in range(storage.n_steps):
+            obs = self._obs
+            action, log_prob, value = self.act_step(ms.Tensor(obs), ms.Tensor(self._noise(N)))
+            action, log_prob, value = action.asnumpy(), log_prob.asnumpy(), value.asnumpy()
+            raw_obs, reward, terminated, truncated, _ = self.env.step(self._env_actions(action))
+            valid = self._valid
+            reward = np.asarray(reward, np.float64)
+            terminated = np.asarray(terminated, bool) & valid
+            truncated = np.asarray(truncated, bool) & valid
+            done = terminated | truncated
+
+            self._ep_return += np.where(valid, reward, 0.0)
+            self._ep_length += valid
+            for i in np.flatnonzero(done):
+                self.episode_returns.append(float(self._ep_return[i]))
+                self.episode_lengths.append(int(self._ep_length[i]))
+                self.episodes += 1
+            self._ep_return[done] = 0.0
+            self._ep_length[done] = 0
+
+            if self.reward_scaler is not None:
+                train_reward = self.reward_scaler(reward, done, valid)
+            else:
+                train_reward = reward.astype(np.float32)
+            storage.obs[t] = obs
+            storage.actions[t] = action
+            storage.log_probs[t] = log_prob
+            storage.values[t] = value
+            storage.rewards[t] = np.where(valid, train_reward, 0.0)
+            storage.terminated[t] = terminated
+            storage.truncated[t] = truncated
+            storage.valid[t] = valid
+
+            self._obs = self.normalize_obs(raw_obs, update=True)
+            self._valid = ~done
+
+    def _update(self, batch: dict, lr: float, clip: float, clip_vf, kl_limit) -> dict:
+        import mindspore as ms
+
+        p = self.config.ppo
+        B = batch["obs"].shape[0]
+        tensors = [ms.Tensor(batch[k]) for k in ("obs", "actions", "log_probs", "values", "advantages", "returns", "mask")]
+        lr_t = ms.Tensor(np.float32(lr))
+        clip_t = ms.Tensor(np.float32(clip))
+        outputs: List = []
+        early_stop = p.target_kl is not None
+        stopped = False
+        for _epoch in range(p.n_epochs):
+            perm = self.rng.permutation(B).astype(np.int32)
+            for start in range(0, B, p.batch_size):
+                idx = ms.Tensor(perm[start:start + p.batch_size])
+                out = self.update_step(*tensors, idx, lr_t, clip_t, clip_vf, kl_limit)
+                if early_stop:
+                    out = out.asnumpy()
+                    if out[6] < 0.5:
+                        stopped = True
+                        break
+                outputs.append(out)
+            if stopped:
+                break
+        stats = np.stack([o if isinstance(o, np.ndarray) else o.asnumpy() for o in outputs]) if outputs else np.zeros((0, 7))
+        names = ["loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction"]
+        result = {n: (float(stats[:, i].mean()) if len(stats) else float("nan")) for i, n in enumerate(names)}
+        result["n_updates"] = len(outputs)
+        result["early_stopped"] = int(stopped)
+        return result
+
+    # ------------------------------------------------------------------ inference
+    def predict(self, obs, deterministic: bool = True) -> np.ndarray:
+        """Actions for one observation (obs_dim,) or a batch (B, obs_dim), normalised with the run's statistics."""
+        import mindspore as ms
+
+        obs = np.asarray(obs, np.float32)
+        single = obs.ndim == len(self.env.single_observation_space.shape)
+        batch = self.normalize_obs(obs[None] if single else obs, update=False)
+        if deterministic:
+            actions = self.deterministic_step(ms.Tensor(batch)).asnumpy()
+        else:
+            if self.spec.discrete:
+                noise = self._predict_rng.gumbel(size=(batch.shape[0], self.spec.action_dim))
+            else:
+                noise = self._predict_rng.standard_normal(size=(batch.shape[0], self.spec.action_dim))
+            actions = self.act_step(ms.Tensor(batch), ms.Tensor(noise.astype(np.float32)))[0].asnumpy()
+        actions = self._env_actions(actions)
+        return actions[0] if single else actions
+
+    # ------------------------------------------------------------------ state
+    def parameters_sha256(self) -> str:
+        """SHA-256 over all policy/value parameters (name, dtype, shape, bytes), sorted by name."""
+        h = hashlib.sha256()
+        for name, param in sorted(self.model.parameters_and_names(), key=lambda kv: kv[0]):
+            arr = np.ascontiguousarray(param.asnumpy())
+            h.update(name.encode())
+            h.update(str(arr.dtype).encode())
+            h.update(str(arr.shape).encode())
+            h.update(arr.tobytes())
+        return h.hexdigest()
+
+    def _named_state(self):
+        out = [("model." + n, p) for n, p in self.model.parameters_and_names()]
+        model_ids = {id(p) for _, p in out}
+        for name, param in self.update_step.optimizer.parameters_and_names():
+            if id(param) not in model_ids:
+                out.append(("optimizer." + name, param))
+        return out
+
+    def save(self, prefix: str) -> str:
+        """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path."""
+        from .checkpoint import write_checkpoint
+
+        tensors = [{"name": name, "data": param} for name, param in self._named_state()]
+        sidecar = {
+            "config": self.config.to_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "wall_time_s": self.wall_time_s,
+            "episodes": self.episodes,
+            "episode_returns": list(self.episode_returns),
+            "episode_lengths": list(self.episode_lengths),
+            "rng": self.rng.bit_generator.state,
+            "obs_normalizer": self.obs_normalizer.state_dict() if self.obs_normalizer else None,
+            "reward_scaler": self.reward_scaler.state_dict() if self.reward_scaler else None,
+            "inflight": None if self._obs is None else {
+                "obs": self._obs.tolist(), "valid": self._valid.tolist(),
+                "ep_return": self._ep_return.tolist(), "ep_length": self._ep_length.tolist()},
+            "space_spec": self.spec.__dict__,
+            "param_sha256": self.parameters_sha256(),
+        }
+        return write_checkpoint(prefix, tensors, sidecar, env_obj=self.env if self._obs is not None else None)
+
+    def load(self, path: str) -> "PPOTrainer":
+        """Restore parameters, optimizer, statistics, counters, RNG and env state from a checkpoint."""
+        from .checkpoint import read_checkpoint
+
+        ck = read_checkpoint(path)
+        sc, tensors = ck["sidecar"], ck["tensors"]
+        if sc.get("space_spec") != self.spec.__dict__ and _jsonable(sc.get("space_spec")) != _jsonable(self.spec.__dict__):
+            raise CheckpointError(f"checkpoint {ck['prefix']} was made for spaces {sc.get('space_spec')}, "
+                                  f"this trainer has {self.spec.__dict__}")
+        named = self._named_state()
+        missing = [n for n, _ in named if n not in tensors]
+        if missing:
+            raise CheckpointError(f"checkpoint {ck['prefix']} does not match this model: missing {missing[0]}"
+                                  + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        for name, param in named:
+            arr = tensors[name]
+            if tuple(arr.shape) != tuple(param.shape):
+                raise CheckpointError(f"checkpoint {ck['prefix']}: {name} has shape {tuple(arr.shape)}, "
+                                      f"the model expects {tuple(param.shape)}")
+        import mindspore as ms
+
+        for name, param in named:
+            param.set_data(ms.Tensor(tensors[name].astype(param.asnumpy().dtype)))
+        self.global_step = int(sc["global_step"])
+        self.iteration = int(sc["iteration"])
+        self.wall_time_s = float(sc["wall_time_s"])
+        self.episodes = int(sc["episodes"])
+        self.episode_returns = collections.deque(sc["episode_returns"], maxlen=100)
+        self.episode_lengths = collections.deque(sc["episode_lengths"], maxlen=100)
+        self.rng.bit_generator.state = sc["rng"]
+        if self.obs_normalizer is not None and sc.get("obs_normalizer"):
+            self.obs_normalizer.load_state_dict(sc["obs_normalizer"])
+        if self.reward_scaler is not None and sc.get("reward_scaler"):
+            self.reward_scaler.load_state_dict(sc["reward_scaler"])
+        inflight = sc.get("inflight")
+        if inflight is not None and ck["env"] is not None:
+            self.env.close()
+            self.env = ck["env"]
+            self._obs = np.asarray(inflight["obs"], np.float32)
+            self._valid = np.asarray(inflight["valid"], bool)
+            self._ep_return = np.asarray(inflight["ep_return"], np.float64)
+            self._ep_length = np.asarray(inflight["ep_length"], np.int64)
+        elif inflight is not None:
+            # env could not be pickled: start fresh episodes, seeded from (seed, step) so resume stays deterministic
+            self._reset_envs(seed=self.config.run.seed + self.global_step)
+        if self.parameters_sha256() != sc.get("param_sha256"):
+            raise CheckpointError(f"checkpoint {ck['prefix']}: restored parameters do not hash to the recorded param_sha256")
+        return self
+
+    @classmethod
+    def from_checkpoint(cls, path: str, sandbox: Optional[Sandbox] = None) -> "PPOTrainer":
+        """Build a trainer with the checkpoint's own config and restore its state."""
+        from .checkpoint import read_checkpoint
+
+        sc = read_checkpoint(path)["sidecar"]
+        try:
+            cfg = Config.from_dict(sc["config"])
+        except (ConfigError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {path}: its config is invalid ({exc})") from None
+        return cls(cfg, sandbox=sandbox).load(path)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 or len(y_true) == 0 else float(1.0 - np.var(y_true - y_pred) / var_y)
+
+
+def _jsonable(obj):
+    import json
+
+    return json.loads(json.dumps(obj))

@@ -1,0 +1,102 @@
+"""The PPO objective and the compiled update step -- all of PPO's maths in one place.
+
+Notation follows Schulman et al. (2017), "Proximal Policy Optimization Algorithms":
+
+    r_t(theta)  = pi_theta(a_t|s_t) / pi_theta_old(a_t|s_t)                      (probability ratio)
+    L^CLIP      = E_t[ min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t) ]           (clipped surrogate)
+    L^VF        = E_t[ (V_theta(s_t) - V_t^targ)^2 ]                             (value loss; optionally clipped)
+    S           = E_t[ entropy(pi_theta(.|s_t)) ]                                (entropy bonus)
+    loss        = -L^CLIP + c1 L^VF - c2 S                                       (minimised)
+
+A_t are GAE advantages (:func:`scalebox_ms.buffers.compute_gae`), normalised per minibatch; V_t^targ = A_t +
+V_old(s_t). E_t is a mean over *valid* samples only: every term is weighted by ``mask`` (0 for the autoreset
+steps of NEXT_STEP vector envs), so fixed-shape minibatches stay exact.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+
+def masked_mean(x, mask, count):
+    return (x * mask).sum() / count
+
+
+class PPOLoss(nn.Cell):
+    """loss(theta) on one minibatch; returns (loss, (policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction))."""
+
+    def __init__(self, model, ent_coef: float, vf_coef: float, clip_value: bool, normalize_advantage: bool):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.ent_coef = ent_coef
+        self.vf_coef = vf_coef
+        self.clip_value = clip_value
+        self.normalize_advantage = normalize_advantage
+
+    def construct(self, obs, actions, old_log_prob, old_values, advantages, returns, mask, clip_range, clip_range_vf):
+        log_prob, entropy, values = self.model.evaluate_actions(obs, actions)
+        n = ops.maximum(mask.sum(), 1.0)
+
+        if self.normalize_advantage:  # unbiased std over the valid samples, as torch.std
+            mean = masked_mean(advantages, mask, n)
+            var = ((advantages - mean) ** 2 * mask).sum() / ops.maximum(n - 1.0, 1.0)
+            advantages = (advantages - mean) / (ops.sqrt(var) + 1e-8)
+
+        # clipped surrogate objective L^CLIP
+        log_ratio = log_prob - old_log_prob
+        ratio = ops.exp(log_ratio)
+        surrogate = ratio * advantages
+        surrogate_clipped = ops.clip_by_value(ratio, 1.0 - clip_range, 1.0 + clip_range) * advantages
+        policy_loss = -masked_mean(ops.minimum(surrogate, surrogate_clipped), mask, n)
+
+        # value loss L^VF (SB3's clipping: the prediction is kept within clip_range_vf of the old value)
+        if self.clip_value:
+            values = old_values + ops.clip_by_value(values - old_values, -clip_range_vf, clip_range_vf)
+        value_loss = masked_mean((returns - values) ** 2, mask, n)
+
+        # entropy bonus S (as a loss: its negative)
+        entropy_loss = -masked_mean(entropy, mask, n)
+
+        loss = policy_loss + self.ent_coef * entropy_loss + self.vf_coef * value_loss
+
+        # diagnostics (no gradient flows through the aux outputs)
+        approx_kl = masked_mean((ratio - 1.0) - log_ratio, mask, n)  # Schulman's k3 estimator
+        clip_fraction = masked_mean((ops.abs(ratio - 1.0) > clip_range).astype(ms.float32), mask, n)
+        return loss, (policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction)
+
+
+class PPOUpdateStep(nn.Cell):
+    """One compiled minibatch step: gather the minibatch, loss + grads, global-norm clip, Adam.
+
+    The whole rollout is passed once per call as device Tensors and the minibatch is gathered in the graph
+    from ``indices``. Learning rate, clip ranges and the KL limit enter as Tensors, so schedules never
+    recompile. If ``approx_kl > kl_limit`` (``1.5 * target_kl``, or +inf) the optimizer step is skipped inside
+    the graph, which is SB3's early stop: the trainer then ends the update.
+
+    Returns a float32 vector: [loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction, applied].
+    """
+
+    def __init__(self, model, ppo_cfg):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.loss_fn = PPOLoss(model, ppo_cfg.ent_coef, ppo_cfg.vf_coef, ppo_cfg.clip_range_vf is not None,
+                               ppo_cfg.normalize_advantage)
+        self.learning_rate = Parameter(Tensor(ppo_cfg.learning_rate, ms.float32), name="learning_rate",
+                                       requires_grad=False)
+        self.optimizer = nn.Adam(model.trainable_params(), learning_rate=self.learning_rate, eps=ppo_cfg.adam_eps)
+        self.max_grad_norm = float(ppo_cfg.max_grad_norm)
+        self.grad_fn = ms.value_and_grad(self.loss_fn, None, self.optimizer.parameters, has_aux=True)
+
+    @ms.jit
+    def construct(self, obs, actions, old_log_prob, old_values, advantages, returns, mask, indices,
+                  learning_rate, clip_range, clip_range_vf, kl_limit):
+        ops.assign(self.learning_rate, learning_rate)
+        mb = [ops.gather(x, indices, 0) for x in (obs, actions, old_log_prob, old_values, advantages, returns, mask)]
+        (loss, aux), grads = self.grad_fn(mb[0], mb[1], mb[2], mb[3], mb[4], mb[5], mb[6], clip_range, clip_range_vf)
+        policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction = aux
+        applied = approx_kl <= kl_limit
+        if applied:
+            grads = ops.clip_by_global_norm(grads, self.max_grad_norm)
+            self.optimizer(grads)
+        return ops.stack([loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction,
+                          applied.astype(ms.float32)])

@@ -1,0 +1,240 @@
+"""A training run on disk: run directory, metrics.csv, checkpoints, learning curve, summary.json.
+
+``train_run`` is what ``python -m scalebox_ms.train`` calls; library users can call it too. A run directory:
+
+    config.yaml          resolved config
+    metrics.csv          one row per iteration (see METRIC_COLUMNS)
+    checkpoints/         ckpt_<step>.{ckpt,json,env.pkl}
+    learning_curve.png   episode return vs env steps
+    summary.json         final numbers (written when the run pauses or completes)
+
+Everything that can fail on bad input (config, env id, spaces, checkpoint) is checked before the directory is
+created, so a bad invocation leaves nothing behind.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import resource
+import shutil
+import sys
+import time
+from typing import List, Optional
+
+from ..config import Config
+from ..errors import CheckpointError, ConfigError
+from ..fileio import atomic_path, atomic_write_json, atomic_write_text
+from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints
+from .ppo import Callback, PPOTrainer
+
+METRIC_COLUMNS = [
+    "iteration", "global_step", "wall_time_s", "steps_per_second", "episode_return_mean", "episode_length_mean",
+    "episodes", "loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
+    "explained_variance", "learning_rate", "clip_range", "n_updates", "early_stopped", "rollout_time_s",
+    "update_time_s",
+]
+# columns that depend on the machine's speed, not on the maths (excluded from reproducibility checks)
+TIMING_COLUMNS = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s"}
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+class MetricsWriter(Callback):
+    """Appends one CSV row per iteration and flushes it (a crash loses at most the current row)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        new = not os.path.exists(path) or os.path.getsize(path) == 0
+        self._f = open(path, "a", newline="", encoding="utf-8")
+        self._w = csv.DictWriter(self._f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+        if new:
+            self._w.writeheader()
+            self._f.flush()
+
+    def on_iteration_end(self, trainer, metrics):
+        self._w.writerow({k: _fmt(metrics.get(k)) for k in METRIC_COLUMNS})
+        self._f.flush()
+
+    def close(self):
+        self._f.close()
+
+
+class CheckpointSaver(Callback):
+    def __init__(self, directory: str, every: int, keep: int):
+        self.directory, self.every, self.keep = directory, every, keep
+        self._next = None
+
+    def on_training_start(self, trainer):
+        if self.every > 0:
+            self._next = (trainer.global_step // self.every + 1) * self.every
+
+    def on_iteration_end(self, trainer, metrics):
+        if self._next is not None and trainer.global_step >= self._next:
+            self.save(trainer)
+            self._next = (trainer.global_step // self.every + 1) * self.every
+
+    def save(self, trainer):
+        trainer.save(checkpoint_prefix(self.directory, trainer.global_step))
+        prune_checkpoints(self.directory, self.keep)
+
+
+class ProgressBar(Callback):
+    """tqdm bar over env steps with steps/s and the mean episode return."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.bar = None
+
+    def on_training_start(self, trainer):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.total, initial=trainer.global_step, unit="step", unit_scale=True,
+                        dynamic_ncols=True, file=sys.stderr, desc=trainer.config.env.id)
+
+    def on_iteration_end(self, trainer, metrics):
+        self.bar.update(metrics["global_step"] - self.bar.n)
+        ret = metrics["episode_return_mean"]
+        self.bar.set_postfix({"steps/s": f"{metrics['steps_per_second']:.0f}",
+                              "return": "n/a" if math.isnan(ret) else f"{ret:.1f}"}, refresh=False)
+
+    def on_training_end(self, trainer):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return repr(v)
+    return "" if v is None else v
+
+
+def plot_learning_curve(metrics_csv: str, out_png: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, rets = [], []
+    with open(metrics_csv, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            if row["episode_return_mean"] not in ("", "nan"):
+                steps.append(int(row["global_step"]))
+                rets.append(float(row["episode_return_mean"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, rets, lw=1.5)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("episode return (mean of last 100)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def _truncate_metrics(path: str, global_step: int) -> None:
+    """Drop rows logged after the checkpoint a run resumes from (they will be produced again)."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return
+    header, body = rows[0], rows[1:]
+    col = header.index("global_step")
+    kept = [r for r in body if r and int(r[col]) <= global_step]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(kept)
+    atomic_write_text(path, buf.getvalue())
+
+
+def default_run_dir(cfg: Config) -> str:
+    return os.path.join("runs", f"{cfg.env.id}_seed{cfg.run.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resume: Optional[str] = None,
+              until: Optional[int] = None, progress: Optional[bool] = None, log=print) -> dict:
+    """Train a new run in ``run_dir`` or continue ``resume``; returns the summary dict."""
+    if resume is not None:
+        run_dir = resume
+        cfg_path = os.path.join(run_dir, "config.yaml")
+        if not os.path.isdir(run_dir) or not os.path.exists(cfg_path):
+            raise CheckpointError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+        from ..config import load_config
+
+        cfg = load_config(cfg_path)
+        found = list_checkpoints(os.path.join(run_dir, "checkpoints"))
+        if not found:
+            raise CheckpointError(f"--resume {run_dir}: no checkpoint in {run_dir}/checkpoints")
+        trainer = PPOTrainer(cfg)
+        trainer.load(found[-1])
+        _truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
+        log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(found[-1])}")
+    else:
+        cfg = cfg if cfg is not None else Config()
+        run_dir = run_dir or default_run_dir(cfg)
+        if os.path.exists(run_dir) and (not os.path.isdir(run_dir) or os.listdir(run_dir)):
+            raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
+        trainer = PPOTrainer(cfg)  # validates env id and spaces before anything is written
+        created = not os.path.exists(run_dir)
+        try:
+            os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
+            atomic_write_text(os.path.join(run_dir, "config.yaml"), cfg.to_yaml())
+        except OSError as exc:
+            if created:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise ConfigError(f"--run-dir {run_dir}: cannot write ({exc.strerror})") from None
+        log(f"run directory: {run_dir}  (device {trainer.sandbox.device})")
+
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    metrics_path = os.path.join(run_dir, "metrics.csv")
+    writer = MetricsWriter(metrics_path)
+    saver = CheckpointSaver(ckpt_dir, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
+    callbacks: List[Callback] = [writer, saver]
+    show = cfg.run.progress if progress is None else progress
+    if show:
+        callbacks.append(ProgressBar(cfg.run.total_steps))
+    try:
+        trainer.learn(callbacks=callbacks, until=until)
+    finally:
+        writer.close()
+    if not list_checkpoints(ckpt_dir) or not list_checkpoints(ckpt_dir)[-1].endswith(f"{trainer.global_step:012d}"):
+        saver.save(trainer)
+    plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"),
+                        f"PPO {cfg.env.id} (seed {cfg.run.seed})")
+    completed = trainer.global_step >= cfg.run.total_steps
+    m = trainer._last_metrics
+    summary = {
+        "status": "completed" if completed else "paused",
+        "env_id": cfg.env.id,
+        "seed": cfg.run.seed,
+        "global_step": trainer.global_step,
+        "total_steps": cfg.run.total_steps,
+        "iterations": trainer.iteration,
+        "wall_time_s": trainer.wall_time_s,
+        "steps_per_second": trainer.global_step / trainer.wall_time_s if trainer.wall_time_s > 0 else float("nan"),
+        "episode_return_mean": m.get("episode_return_mean", float("nan")),
+        "episodes": trainer.episodes,
+        "peak_rss_mb": peak_rss_mb(),
+        "param_sha256": trainer.parameters_sha256(),
+        "device": trainer.sandbox.device,
+        "graph_calls_per_iteration": cfg.ppo.n_steps + 1 + cfg.ppo.n_epochs * (cfg.ppo.n_steps * cfg.env.num_envs // cfg.ppo.batch_size),
+    }
+    if completed and cfg.run.eval_episodes > 0:
+        from .evaluation import evaluate_policy
+        import numpy as np
+
+        rets = evaluate_policy(trainer, episodes=cfg.run.eval_episodes)
+        summary.update({"eval_mean_return": float(np.mean(rets)), "eval_std_return": float(np.std(rets)),
+                        "eval_episodes": len(rets)})
+    summary = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+    atomic_write_json(os.path.join(run_dir, "summary.json"), summary)
+    trainer.close()
+    return {**summary, "run_dir": run_dir}
