@@ -113,15 +113,25 @@ class ActorCritic(nn.Cell):
 
 
 class ActStep(nn.Cell):
-    """Compiled acting call: (obs batch, noise) -> (action, log_prob, value) for all envs at once."""
+    """Compiled acting call: (obs batch, noise) -> (action, log_prob, value) for all envs at once.
 
-    def __init__(self, model: ActorCritic):
+    With ``packed=True`` it returns one float32 (B, action_width + 2) Tensor ``[action | log_prob | value]``
+    instead, so the trainer's rollout loop copies one buffer back per step rather than three.
+    """
+
+    def __init__(self, model: ActorCritic, packed: bool = False):
         super().__init__(auto_prefix=False)
         self.model = model
+        self.packed = packed
 
     @ms.jit
     def construct(self, obs, noise):
-        return self.model.act(obs, noise)
+        action, log_prob, value = self.model.act(obs, noise)
+        if self.packed:
+            if self.model.discrete:
+                action = action.astype(ms.float32).expand_dims(-1)
+            return ops.concat([action, log_prob.expand_dims(-1), value.expand_dims(-1)], -1)
+        return action, log_prob, value
 
 
 class ValueStep(nn.Cell):

@@ -78,6 +78,7 @@ class PPOTrainer:
         self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id)
         self.model = build_model(self.spec, config.policy)
         self.act_step = ActStep(self.model)
+        self._act_packed = ActStep(self.model, packed=True)  # same weights, one output buffer per call
         self.value_step = ValueStep(self.model)
         self.deterministic_step = DeterministicStep(self.model)
         self.update_step = PPOUpdateStep(self.model, p)
@@ -210,8 +211,9 @@ class PPOTrainer:
         N = self.num_envs
         for t in range(storage.n_steps):
             obs = self._obs
-            action, log_prob, value = self.act_step(ms.Tensor(obs), ms.Tensor(self._noise(N)))
-            action, log_prob, value = action.asnumpy(), log_prob.asnumpy(), value.asnumpy()
+            out = self._act_packed(ms.Tensor(obs), ms.Tensor(self._noise(N))).asnumpy()
+            action = out[:, 0].astype(np.int32) if self.spec.discrete else out[:, :-2]
+            log_prob, value = out[:, -2], out[:, -1]
             raw_obs, reward, terminated, truncated, _ = self.env.step(self._env_actions(action))
             valid = self._valid
             reward = np.asarray(reward, np.float64)
@@ -249,7 +251,10 @@ class PPOTrainer:
 
         p = self.config.ppo
         B = batch["obs"].shape[0]
-        tensors = [ms.Tensor(batch[k]) for k in ("obs", "actions", "log_probs", "values", "advantages", "returns", "mask")]
+        from .ppo_update import pack_features
+
+        tensors = [ms.Tensor(pack_features(batch["obs"], batch["log_probs"], batch["values"], batch["advantages"],
+                                           batch["returns"], batch["mask"])), ms.Tensor(batch["actions"])]
         lr_t = ms.Tensor(np.float32(lr))
         clip_t = ms.Tensor(np.float32(clip))
         outputs: List = []

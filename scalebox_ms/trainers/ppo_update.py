@@ -68,10 +68,12 @@ class PPOLoss(nn.Cell):
 class PPOUpdateStep(nn.Cell):
     """One compiled minibatch step: gather the minibatch, loss + grads, global-norm clip, Adam.
 
-    The whole rollout is passed once per call as device Tensors and the minibatch is gathered in the graph
-    from ``indices``. Learning rate, clip ranges and the KL limit enter as Tensors, so schedules never
-    recompile. If ``approx_kl > kl_limit`` (``1.5 * target_kl``, or +inf) the optimizer step is skipped inside
-    the graph, which is SB3's early stop: the trainer then ends the update.
+    The whole rollout is passed once per iteration as two device Tensors and the minibatch is gathered in the
+    graph from ``indices``: ``features`` (B, obs_dim + 5) float32 packs ``[obs | old_log_prob | old_value |
+    advantage | return | mask]`` (see :func:`pack_features`; one gather instead of six), ``actions`` is (B,)
+    int32 or (B, act_dim) float32. Learning rate, clip ranges and the KL limit enter as Tensors, so
+    schedules never recompile. If ``approx_kl > kl_limit`` (``1.5 * target_kl``, or +inf) the optimizer step
+    is skipped inside the graph, which is SB3's early stop: the trainer then ends the update.
 
     Returns a float32 vector: [loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction, applied].
     """
@@ -79,6 +81,7 @@ class PPOUpdateStep(nn.Cell):
     def __init__(self, model, ppo_cfg):
         super().__init__(auto_prefix=False)
         self.model = model
+        self.obs_dim = model.spec.obs_dim
         self.loss_fn = PPOLoss(model, ppo_cfg.ent_coef, ppo_cfg.vf_coef, ppo_cfg.clip_range_vf is not None,
                                ppo_cfg.normalize_advantage)
         self.learning_rate = Parameter(Tensor(ppo_cfg.learning_rate, ms.float32), name="learning_rate",
@@ -88,11 +91,13 @@ class PPOUpdateStep(nn.Cell):
         self.grad_fn = ms.value_and_grad(self.loss_fn, None, self.optimizer.parameters, has_aux=True)
 
     @ms.jit
-    def construct(self, obs, actions, old_log_prob, old_values, advantages, returns, mask, indices,
-                  learning_rate, clip_range, clip_range_vf, kl_limit):
+    def construct(self, features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit):
         ops.assign(self.learning_rate, learning_rate)
-        mb = [ops.gather(x, indices, 0) for x in (obs, actions, old_log_prob, old_values, advantages, returns, mask)]
-        (loss, aux), grads = self.grad_fn(mb[0], mb[1], mb[2], mb[3], mb[4], mb[5], mb[6], clip_range, clip_range_vf)
+        f = ops.gather(features, indices, 0)
+        a = ops.gather(actions, indices, 0)
+        d = self.obs_dim
+        (loss, aux), grads = self.grad_fn(f[:, :d], a, f[:, d], f[:, d + 1], f[:, d + 2], f[:, d + 3], f[:, d + 4],
+                                          clip_range, clip_range_vf)
         policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction = aux
         applied = approx_kl <= kl_limit
         if applied:
@@ -100,3 +105,12 @@ class PPOUpdateStep(nn.Cell):
             self.optimizer(grads)
         return ops.stack([loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction,
                           applied.astype(ms.float32)])
+
+
+def pack_features(obs, old_log_prob, old_values, advantages, returns, mask):
+    """numpy (B, obs_dim + 5) float32 matrix in the column order :class:`PPOUpdateStep` expects."""
+    import numpy as np
+
+    cols = [old_log_prob, old_values, advantages, returns, mask]
+    return np.concatenate([obs.reshape(obs.shape[0], -1)] + [np.asarray(c).reshape(-1, 1) for c in cols],
+                          axis=1).astype(np.float32)

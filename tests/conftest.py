@@ -1,0 +1,35 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def small_config(**sections):
+    """A CartPole config that trains in a second or two."""
+    from scalebox_ms import Config
+
+    data = {
+        "env": {"id": "CartPole-v1", "num_envs": 4},
+        "ppo": {"n_steps": 16, "batch_size": 32, "n_epochs": 2, "learning_rate": 1e-3, "lr_schedule": "linear",
+                "clip_schedule": "linear", "gamma": 0.98, "gae_lambda": 0.8},
+        "run": {"seed": 3, "total_steps": 256, "progress": False},
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return Config.from_dict(data)
+
+
+def run_module(module, *args, cwd=None, timeout=300):
+    """Run ``python -m scalebox_ms.<module> args`` in a fresh process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", f"scalebox_ms.{module}", *map(str, args)], cwd=cwd or REPO,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def small_cfg():
+    return small_config()

@@ -1,0 +1,118 @@
+"""The command-line front ends, each in a fresh process: artefacts, resume, reproducibility, bad input."""
+import csv
+import json
+import os
+
+import pytest
+
+from conftest import run_module
+
+TINY = ["--set", "env.num_envs=4", "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32",
+        "--set", "ppo.n_epochs=2", "--set", "run.eval_episodes=3", "--no-progress"]
+TIMING = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s"}
+
+
+def train(*args, **kw):
+    r = run_module("train", *TINY, *args, **kw)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def metrics_rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        return [{k: v for k, v in row.items() if k not in TIMING} for row in csv.DictReader(f)]
+
+
+def test_cli_run_writes_every_artefact(tmp_path):
+    run_dir = tmp_path / "run"
+    summary = train("--total-steps", 2048, "--run-dir", run_dir, "--seed", 5)
+    names = set(os.listdir(run_dir))
+    assert {"config.yaml", "metrics.csv", "checkpoints", "learning_curve.png", "summary.json"} <= names
+    with open(run_dir / "summary.json") as f:
+        on_disk = json.load(f)
+    for key in ("global_step", "wall_time_s", "steps_per_second", "episode_return_mean", "peak_rss_mb",
+                "param_sha256"):
+        assert on_disk[key] is not None, key
+    assert on_disk["global_step"] == 2048 and on_disk["status"] == "completed"
+    assert summary["param_sha256"] == on_disk["param_sha256"]
+    assert on_disk["eval_episodes"] == 3 and on_disk["peak_rss_mb"] < 1024
+    rows = metrics_rows(run_dir)
+    assert len(rows) == 2048 // 64
+    for col in ("global_step", "episode_return_mean", "policy_loss", "value_loss", "approx_kl", "clip_fraction",
+                "learning_rate"):
+        assert col in rows[0]
+    with open(run_dir / "learning_curve.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    ckpts = os.listdir(run_dir / "checkpoints")
+    assert "ckpt_000000002048.ckpt" in ckpts and "ckpt_000000002048.json" in ckpts
+    assert not [n for n in names | set(ckpts) if n.startswith(".tmp-")], "no temporary files left behind"
+
+    r = run_module("evaluate", "--run", run_dir, "--episodes", 4, "--json")
+    assert r.returncode == 0, r.stderr
+    ev = json.loads(r.stdout)
+    assert ev["episodes"] == 4 and set(ev) >= {"mean_return", "std_return", "episodes"}
+
+
+def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
+    full = train("--total-steps", 1024, "--run-dir", tmp_path / "full")
+    half = train("--total-steps", 1024, "--until", 512, "--run-dir", tmp_path / "half")
+    assert half["status"] == "paused" and half["global_step"] == 512
+    r = run_module("train", "--resume", tmp_path / "half", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    resumed = json.loads(r.stdout)
+    assert resumed["global_step"] == 1024 and resumed["status"] == "completed"
+    assert resumed["param_sha256"] == full["param_sha256"]
+    assert metrics_rows(tmp_path / "half") == metrics_rows(tmp_path / "full")
+    # same seed, fresh process: identical parameters and metrics
+    again = train("--total-steps", 1024, "--run-dir", tmp_path / "again")
+    assert again["param_sha256"] == full["param_sha256"]
+    assert metrics_rows(tmp_path / "again") == metrics_rows(tmp_path / "full")
+    other = train("--total-steps", 1024, "--run-dir", tmp_path / "other", "--seed", 1)
+    assert other["param_sha256"] != full["param_sha256"]
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["--set", "ppo.n_step=3"], "unknown key 'n_step'"),
+    (["--set", "ppo.gamma=2"], "ppo.gamma"),
+    (["--set", "env.id=NoSuchEnv-v9"], "NoSuchEnv-v9"),
+    (["--set", "env.id=FrozenLake-v1"], "observation space Discrete"),
+    (["--config", "/nonexistent/cfg.yaml"], "config file not found"),
+    (["--total-steps", "0"], "run.total_steps"),
+    (["--bogus-flag"], "--bogus-flag"),
+    (["--seed", "abc"], "--seed"),
+])
+def test_bad_input_one_line_exit_2_and_no_run_dir(tmp_path, args, culprit):
+    run_dir = tmp_path / "run"
+    r = run_module("train", *args, "--run-dir", run_dir, "--no-progress")
+    assert r.returncode == 2
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and culprit in lines[0], r.stderr
+    assert not run_dir.exists()
+
+
+def test_resume_and_evaluate_refuse_bad_paths(tmp_path):
+    r = run_module("train", "--resume", tmp_path / "nothing", "--no-progress")
+    assert r.returncode == 2 and "not a run directory" in r.stderr
+    r = run_module("evaluate", "--run", tmp_path / "nothing")
+    assert r.returncode == 2 and "not a run directory" in r.stderr
+
+
+def test_corrupt_checkpoint_refused_by_cli(tmp_path):
+    run_dir = tmp_path / "run"
+    train("--total-steps", 128, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
+    ckpt = run_dir / "checkpoints" / "ckpt_000000000128.ckpt"
+    ckpt.write_bytes(ckpt.read_bytes()[:-10])
+    r = run_module("evaluate", "--run", run_dir)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "corrupt" in r.stderr
+    r = run_module("train", "--resume", run_dir, "--no-progress")
+    assert r.returncode == 2 and "corrupt" in r.stderr
+
+
+def test_existing_run_dir_is_not_overwritten(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "keep.txt").write_text("x")
+    r = run_module("train", "--run-dir", run_dir, "--no-progress")
+    assert r.returncode == 2 and "already exists" in r.stderr
+    assert os.listdir(run_dir) == ["keep.txt"]

@@ -1,0 +1,42 @@
+import numpy as np
+
+from scalebox_ms.envs import ObsNormalizer, RewardScaler, RunningMeanStd
+
+
+def test_running_mean_std_matches_numpy_over_all_batches():
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(loc=3.0, scale=2.0, size=(rng.integers(1, 20), 3)) for _ in range(30)]
+    rms = RunningMeanStd((3,), epsilon=1e-12)
+    for b in batches:
+        rms.update(b)
+    data = np.concatenate(batches)
+    np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-6)
+
+
+def test_obs_normalizer_state_roundtrip_and_clip():
+    rng = np.random.default_rng(1)
+    a = ObsNormalizer(2, clip=1.5)
+    for _ in range(10):
+        a(rng.normal(size=(4, 2)) * 5)
+    b = ObsNormalizer(2, clip=99)
+    b.load_state_dict(a.state_dict())
+    x = rng.normal(size=(4, 2)) * 5
+    np.testing.assert_array_equal(a(x, update=False), b(x, update=False))
+    assert np.abs(a(np.full((1, 2), 1e6), update=False)).max() == 1.5
+
+
+def test_reward_scaler_divides_by_return_std_and_skips_autoreset_steps():
+    gamma = 0.9
+    s = RewardScaler(2, gamma=gamma, clip=100.0)
+    rewards = [np.array([1.0, 2.0]), np.array([1.0, 0.0]), np.array([3.0, 1.0])]
+    dones = [np.array([False, True]), np.array([False, False]), np.array([False, False])]
+    valid = [np.array([True, True]), np.array([True, False]), np.array([True, True])]
+    ref_returns, seen = np.zeros(2), []
+    for r, d, v in zip(rewards, dones, valid):
+        out = s(r, d, v)
+        ref_returns = np.where(v, ref_returns * gamma + r, ref_returns)
+        seen.extend(ref_returns[v])
+        var = np.var(np.asarray(seen))
+        np.testing.assert_allclose(out, r / np.sqrt(var + 1e-8), rtol=1e-3)
+        ref_returns[d] = 0.0

@@ -1,0 +1,147 @@
+"""PPOTrainer as a library: learning loop, predict, checkpoints, early stop, continuous actions."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import small_config
+from scalebox_ms import CheckpointError, ConfigError
+from scalebox_ms.trainers import Callback, PPOTrainer
+from scalebox_ms.trainers.evaluation import evaluate_policy
+
+
+class Recorder(Callback):
+    def __init__(self):
+        self.rows = []
+        self.started = self.ended = 0
+
+    def on_training_start(self, trainer):
+        self.started += 1
+
+    def on_iteration_end(self, trainer, metrics):
+        self.rows.append(dict(metrics))
+
+    def on_training_end(self, trainer):
+        self.ended += 1
+
+
+def test_learn_runs_callbacks_and_schedules(small_cfg):
+    tr = PPOTrainer(small_cfg)
+    rec = Recorder()
+    tr.learn(callbacks=[rec])
+    assert tr.global_step == 256 and rec.started == rec.ended == 1
+    assert [r["global_step"] for r in rec.rows] == [64, 128, 192, 256]
+    lrs = [r["learning_rate"] for r in rec.rows]
+    assert lrs == pytest.approx([1e-3 * (1 - s / 256) for s in (0, 64, 128, 192)])  # linear schedule
+    assert all(r["n_updates"] == 2 * 2 for r in rec.rows)  # epochs * minibatches
+    assert all(np.isfinite(r["loss"]) for r in rec.rows)
+    tr.close()
+
+
+def test_callback_can_stop_and_until_pauses(small_cfg):
+    class StopAfterTwo(Callback):
+        def on_iteration_end(self, trainer, metrics):
+            return metrics["iteration"] < 2
+
+    tr = PPOTrainer(small_cfg)
+    tr.learn(callbacks=[StopAfterTwo()])
+    assert tr.global_step == 128
+    tr.learn(until=192)
+    assert tr.global_step == 192
+    tr.close()
+
+
+def test_target_kl_stops_the_update_early():
+    cfg = small_config(ppo={"target_kl": 1e-6, "n_epochs": 10, "learning_rate": 0.01})
+    tr = PPOTrainer(cfg)
+    rec = Recorder()
+    tr.learn(callbacks=[rec])
+    assert any(r["early_stopped"] for r in rec.rows)
+    assert min(r["n_updates"] for r in rec.rows) < 10 * 2
+    tr.close()
+
+
+def test_predict_single_and_batch(small_cfg):
+    tr = PPOTrainer(small_cfg)
+    obs, _ = tr.env.reset(seed=0)
+    a = tr.predict(obs[0])
+    assert np.ndim(a) == 0 and a in (0, 1)
+    batch = tr.predict(obs)
+    assert batch.shape == (4,)
+    np.testing.assert_array_equal(tr.predict(obs), batch)  # deterministic
+    # deterministic action = argmax of the policy logits
+    logits = tr.model.pi_net(__import__("mindspore").Tensor(obs.astype(np.float32))).asnumpy()
+    np.testing.assert_array_equal(batch, logits.argmax(-1))
+    tr.close()
+
+
+def test_continuous_actions_clip_to_bounds_and_learn_step():
+    cfg = small_config(env={"id": "Pendulum-v1", "num_envs": 2, "normalize_obs": True, "normalize_reward": True},
+                       ppo={"n_steps": 32, "batch_size": 16}, run={"total_steps": 128})
+    tr = PPOTrainer(cfg)
+    assert not tr.spec.discrete and tr.spec.low == (-2.0,)
+    tr.learn()
+    obs, _ = tr.env.reset(seed=1)
+    a = tr.predict(obs * 100, deterministic=False)
+    assert a.shape == (2, 1) and np.all(np.abs(a) <= 2.0)
+    assert tr.obs_normalizer.rms.count > 100
+    tr.close()
+
+
+def test_checkpoint_roundtrip_restores_everything(tmp_path, small_cfg):
+    a = PPOTrainer(small_cfg)
+    a.learn(until=128)
+    path = a.save(str(tmp_path / "ck"))
+    b = PPOTrainer(small_cfg).load(path)
+    assert b.global_step == 128 and b.parameters_sha256() == a.parameters_sha256()
+    assert b.rng.bit_generator.state == a.rng.bit_generator.state
+    a.learn()
+    b.learn()
+    assert a.parameters_sha256() == b.parameters_sha256()
+    c = PPOTrainer.from_checkpoint(path)
+    assert c.global_step == 128
+    for t in (a, b, c):
+        t.close()
+
+
+def test_corrupt_and_mismatched_checkpoints_are_refused(tmp_path, small_cfg):
+    a = PPOTrainer(small_cfg)
+    path = a.save(str(tmp_path / "ck"))
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        PPOTrainer(small_cfg).load(str(tmp_path / "missing"))
+    other = small_config(policy={"pi_layers": [32]})
+    with pytest.raises(CheckpointError, match="does not match this model|shape"):
+        PPOTrainer(other).load(path)
+    ckpt = str(tmp_path / "ck.ckpt")
+    data = bytearray(open(ckpt, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(ckpt, "wb").write(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        PPOTrainer(small_cfg).load(path)
+    with open(path, "w") as f:
+        f.write("{not json")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        PPOTrainer(small_cfg).load(path)
+    a.close()
+
+
+def test_unsupported_env_and_unknown_id():
+    with pytest.raises(ConfigError, match="unknown environment 'NoSuchEnv-v0'"):
+        PPOTrainer(small_config(env={"id": "NoSuchEnv-v0"}))
+    with pytest.raises(ConfigError, match="action space MultiDiscrete|observation space"):
+        from gymnasium import spaces
+
+        from scalebox_ms.envs import space_spec
+
+        space_spec(spaces.Box(-1, 1, (3,)), spaces.MultiDiscrete([2, 3]), "X")
+    with pytest.raises(ConfigError, match="observation space Discrete"):
+        PPOTrainer(small_config(env={"id": "FrozenLake-v1"}))
+
+
+def test_evaluate_policy_counts_episodes(small_cfg):
+    tr = PPOTrainer(small_cfg)
+    rets = evaluate_policy(tr, episodes=5, seed=1)
+    assert len(rets) == 5 and all(r >= 1 for r in rets)
+    assert rets == evaluate_policy(tr, episodes=5, seed=1)  # deterministic policy, same seeds
+    tr.close()
