@@ -87,7 +87,7 @@ def _state(step):
 
 
 def test_update_step_applies_and_kl_limit_skips():
-    cfg = Config()
+    cfg = Config.from_dict({"ppo": {"target_kl": 0.01}})
     model = build_model(SpaceSpec(4, True, 2), cfg.policy)
     step = PPOUpdateStep(model, cfg.ppo)
     rng = np.random.default_rng(1)
@@ -109,3 +109,30 @@ def test_update_step_applies_and_kl_limit_skips():
     changed = _state(step)
     assert not np.array_equal(before[0], changed[0]) and not np.array_equal(before[-1], changed[-1])
     assert float(step.learning_rate.asnumpy()) == pytest.approx(1e-3)
+
+
+def test_update_step_without_target_kl_always_applies():
+    cfg = Config()
+    model = build_model(SpaceSpec(4, True, 2), cfg.policy)
+    step = PPOUpdateStep(model, cfg.ppo)
+    rng = np.random.default_rng(2)
+    obs, act, old_lp, old_v, adv, ret, mask = make_batch(model, rng, B=32)
+    before = _state(step)
+    out = step(ms.Tensor(pack_features(obs, old_lp, old_v, adv, ret, mask)), ms.Tensor(act),
+               ms.Tensor(np.arange(32, dtype=np.int32)), *[ms.Tensor(np.float32(x)) for x in (1e-3, 0.2, np.inf, -1.0)])
+    assert out.asnumpy()[6] == 0.0  # reported: approx_kl > limit ...
+    assert not np.array_equal(before[0], _state(step)[0])  # ... but no target_kl: the step is applied
+
+
+def test_clip_grad_norm_matches_torch_semantics():
+    from scalebox_ms.ops import clip_grad_norm
+
+    rng = np.random.default_rng(3)
+    grads = [rng.normal(size=s).astype(np.float32) for s in [(64, 4), (64,), (2, 64), (2,)]]
+    norm = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads))
+    for max_norm in (0.5, norm * 2):
+        out, got_norm = clip_grad_norm(tuple(ms.Tensor(g) for g in grads), max_norm)
+        coef = min(1.0, max_norm / (norm + 1e-6))
+        assert float(got_norm.asnumpy()) == pytest.approx(norm, rel=1e-5)
+        for o, g in zip(out, grads):
+            np.testing.assert_allclose(o.asnumpy(), g * coef, rtol=1e-5, atol=1e-7)

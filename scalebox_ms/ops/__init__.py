@@ -2,7 +2,9 @@
 
 ``distributions``: log-probabilities, entropies and noise-driven sampling of the Categorical and diagonal
 Gaussian action distributions, written as MindSpore ops so they compile into the acting and update graphs.
+``clip``: global gradient-norm clipping (torch ``clip_grad_norm_`` semantics) with few kernels.
 """
+from .clip import clip_grad_norm
 from .distributions import (
     categorical_entropy,
     categorical_log_prob,
@@ -13,6 +15,7 @@ from .distributions import (
 )
 
 __all__ = [
+    "clip_grad_norm",
     "categorical_entropy",
     "categorical_log_prob",
     "categorical_sample",

@@ -17,6 +17,8 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from ..ops import clip_grad_norm
+
 
 def masked_mean(x, mask, count):
     return (x * mask).sum() / count
@@ -72,8 +74,9 @@ class PPOUpdateStep(nn.Cell):
     graph from ``indices``: ``features`` (B, obs_dim + 5) float32 packs ``[obs | old_log_prob | old_value |
     advantage | return | mask]`` (see :func:`pack_features`; one gather instead of six), ``actions`` is (B,)
     int32 or (B, act_dim) float32. Learning rate, clip ranges and the KL limit enter as Tensors, so
-    schedules never recompile. If ``approx_kl > kl_limit`` (``1.5 * target_kl``, or +inf) the optimizer step
-    is skipped inside the graph, which is SB3's early stop: the trainer then ends the update.
+    schedules never recompile. With ``target_kl`` set, the optimizer step is skipped inside the graph when
+    ``approx_kl > kl_limit`` (``1.5 * target_kl``), which is SB3's early stop: the trainer then ends the update.
+    Without it the graph has no branch and ``kl_limit`` is ignored.
 
     Returns a float32 vector: [loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction, applied].
     """
@@ -88,6 +91,7 @@ class PPOUpdateStep(nn.Cell):
                                        requires_grad=False)
         self.optimizer = nn.Adam(model.trainable_params(), learning_rate=self.learning_rate, eps=ppo_cfg.adam_eps)
         self.max_grad_norm = float(ppo_cfg.max_grad_norm)
+        self.kl_stop = ppo_cfg.target_kl is not None
         self.grad_fn = ms.value_and_grad(self.loss_fn, None, self.optimizer.parameters, has_aux=True)
 
     @ms.jit
@@ -100,8 +104,12 @@ class PPOUpdateStep(nn.Cell):
                                           clip_range, clip_range_vf)
         policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction = aux
         applied = approx_kl <= kl_limit
-        if applied:
-            grads = ops.clip_by_global_norm(grads, self.max_grad_norm)
+        if self.kl_stop:  # static: without target_kl the graph has no control flow
+            if applied:
+                grads, _ = clip_grad_norm(grads, self.max_grad_norm)
+                self.optimizer(grads)
+        else:
+            grads, _ = clip_grad_norm(grads, self.max_grad_norm)
             self.optimizer(grads)
         return ops.stack([loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction,
                           applied.astype(ms.float32)])
