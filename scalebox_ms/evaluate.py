@@ -1,6 +1,7 @@
 """``python -m scalebox_ms.evaluate``: deterministic evaluation of a trained run on fresh envs.
 
     python -m scalebox_ms.evaluate --run runs/x [--checkpoint FILE] [--episodes 20] [--seed 10000] [--json]
+    python -m scalebox_ms.evaluate --mindir runs/x/policy_int8_L1.mindir [--episodes 20] [--json]
 """
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from .cli_common import OneLineArgumentParser, run_cli
 
 def build_parser():
     p = OneLineArgumentParser(prog="python -m scalebox_ms.evaluate", description="Evaluate a trained PPO run.")
-    p.add_argument("--run", required=True, help="run directory written by scalebox_ms.train")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", help="run directory written by scalebox_ms.train")
+    src.add_argument("--mindir", help="a policy exported by scalebox_ms.export (fp32 or INT8)")
     p.add_argument("--checkpoint", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
     p.add_argument("--episodes", type=int, default=20)
     p.add_argument("--seed", type=int, default=10_000, help="seed of the evaluation envs")
@@ -31,6 +34,8 @@ def main(argv=None) -> int:
 
         if args.episodes < 1:
             raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
+        if args.mindir:
+            return _evaluate_mindir(args)
         if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):
             raise CheckpointError(f"--run {args.run}: not a run directory (no config.yaml)")
         import numpy as np
@@ -56,6 +61,25 @@ def main(argv=None) -> int:
                   f"+/- {result['std_return']:.2f} over {len(rets)} episodes ({os.path.basename(ckpt)})")
 
     return run_cli(go)
+
+
+def _evaluate_mindir(args) -> None:
+    import numpy as np
+
+    from .errors import ConfigError
+    from .export import evaluate_mindir
+
+    if args.checkpoint or args.stochastic:
+        raise ConfigError("--checkpoint/--stochastic do not apply to --mindir (an exported policy is deterministic)")
+    rets = evaluate_mindir(args.mindir, episodes=args.episodes, seed=args.seed)
+    result = {"mean_return": float(np.mean(rets)), "std_return": float(np.std(rets)), "episodes": len(rets),
+              "min_return": float(np.min(rets)), "max_return": float(np.max(rets)), "mindir": args.mindir,
+              "deterministic": True}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.mindir}: mean return {result['mean_return']:.2f} +/- {result['std_return']:.2f} "
+              f"over {len(rets)} episodes")
 
 
 if __name__ == "__main__":

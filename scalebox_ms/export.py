@@ -1,0 +1,227 @@
+"""MindIR export of trained policies, optionally INT8-quantized.
+
+The exported graph maps a raw observation batch ``float32 (batch, obs_dim)`` (dynamic batch dimension; Box
+observations of any shape are flattened) to an action batch: observation normalisation inside the graph,
+then the deterministic action (argmax ``int32`` for Discrete, the Gaussian mean clipped to the bounds
+``float32 (batch, act_dim)`` for Box). Only the policy network is exported, not the value network.
+
+Next to ``policy.mindir`` a sidecar ``policy.mindir.json`` records the env id, spaces, normalisation,
+quantization details, versions and the source checkpoint. The file runs without scalebox_ms::
+
+    import mindspore as ms
+    policy = ms.nn.GraphCell(ms.load("policy.mindir"))
+    actions = policy(ms.Tensor(obs_batch.astype("float32"))).asnumpy()
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional
+
+import numpy as np
+
+from .errors import ConfigError
+from .fileio import atomic_write_json
+
+FORMAT = "scalebox_ms.policy.mindir.v1"
+
+
+def _deploy_cell(policy_cell, obs_normalizer):
+    import mindspore as ms
+    from mindspore import Tensor, nn, ops
+
+    class DeployPolicy(nn.Cell):
+        """raw obs -> normalised obs -> deterministic action."""
+
+        def __init__(self):
+            super().__init__()
+            self.policy = policy_cell
+            self.normalize = obs_normalizer is not None
+            if self.normalize:
+                rms = obs_normalizer.rms
+                self.mean = Tensor(np.asarray(rms.mean, np.float32))
+                self.inv_std = Tensor((1.0 / np.sqrt(rms.var + obs_normalizer.epsilon)).astype(np.float32))
+                self.clip = float(obs_normalizer.clip)
+
+        def construct(self, obs):
+            x = obs
+            if self.normalize:
+                x = ops.clip_by_value((x - self.mean) * self.inv_std, -self.clip, self.clip)
+            return self.policy(x)
+
+    return DeployPolicy()
+
+
+def sidecar_path(mindir_path: str) -> str:
+    return mindir_path + ".json"
+
+
+def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "L1", calibrate_steps: int = 200,
+                  activation_calibration: str = "minmax", percentile: float = 99.99,
+                  source: Optional[str] = None) -> dict:
+    """Export ``trainer``'s deterministic policy to ``output`` (.mindir) plus its JSON sidecar; returns the sidecar.
+
+    With ``int8=True`` the policy is first quantized by :class:`~scalebox_ms.quant.DynamicQuantizer` using
+    ``calibrate_steps`` env steps of the policy's own observations.
+    """
+    import mindspore as ms
+
+    from . import __version__
+
+    if not output.endswith(".mindir"):
+        raise ConfigError(f"--output {output}: must end with .mindir")
+    quant_info = None
+    if int8:
+        from .quant import DynamicQuantizer, collect_calibration_data
+
+        quantizer = DynamicQuantizer(calibrate_steps, quant_level, activation_calibration, percentile)
+        if trainer.global_step == 0:
+            raise ConfigError("quantize: the policy is untrained (global_step 0); train or load a checkpoint first")
+        data = collect_calibration_data(trainer, calibrate_steps)
+        policy = quantizer(trainer, data)
+        quant_info = policy.info
+    else:
+        policy = trainer.model
+    cell = _deploy_cell(policy, trainer.obs_normalizer)
+    spec = trainer.spec
+    directory = os.path.dirname(os.path.abspath(output))
+    os.makedirs(directory, exist_ok=True)
+    tmp_prefix = os.path.join(directory, f".tmp-{os.path.basename(output)[:-7]}-{os.getpid()}")
+    try:
+        ms.export(cell, ms.Tensor(shape=[None, spec.obs_dim], dtype=ms.float32), file_name=tmp_prefix,
+                  file_format="MINDIR")
+        os.replace(tmp_prefix + ".mindir", output)
+    finally:
+        if os.path.exists(tmp_prefix + ".mindir"):
+            os.unlink(tmp_prefix + ".mindir")
+    obs_space = trainer.env.single_observation_space
+    cfg = trainer.config
+    sidecar = {
+        "format": FORMAT,
+        "env_id": cfg.env.id,
+        "env_kwargs": cfg.env.kwargs,
+        "input": {"dtype": "float32", "shape": [None, spec.obs_dim], "observation_shape": list(obs_space.shape)},
+        "output": {"dtype": "int32", "shape": [None]} if spec.discrete else
+        {"dtype": "float32", "shape": [None, spec.action_dim]},
+        "action_space": {"type": "Discrete", "n": spec.action_dim} if spec.discrete else
+        {"type": "Box", "shape": [spec.action_dim], "low": list(spec.low), "high": list(spec.high)},
+        "normalization": None if trainer.obs_normalizer is None else {
+            "mean": trainer.obs_normalizer.rms.mean.tolist(), "var": trainer.obs_normalizer.rms.var.tolist(),
+            "epsilon": trainer.obs_normalizer.epsilon, "clip": trainer.obs_normalizer.clip,
+            "formula": "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)"},
+        "quantization": quant_info,
+        "global_step": trainer.global_step,
+        "param_sha256": trainer.parameters_sha256(),
+        "source_checkpoint": source,
+        "scalebox_ms_version": __version__,
+        "mindspore_version": ms.__version__,
+        "file_bytes": os.path.getsize(output),
+    }
+    atomic_write_json(sidecar_path(output), sidecar)
+    return sidecar
+
+
+class MindIRPolicy:
+    """Run an exported file with MindSpore only (``mindspore.load`` + ``nn.GraphCell``)."""
+
+    def __init__(self, path: str):
+        import mindspore as ms
+
+        if not os.path.exists(path):
+            raise ConfigError(f"--mindir {path}: file not found")
+        try:
+            with open(sidecar_path(path), "r", encoding="utf-8") as f:
+                self.sidecar = json.load(f)
+        except (OSError, ValueError):
+            raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt") from None
+        try:
+            self.cell = ms.nn.GraphCell(ms.load(path))
+        except Exception as exc:
+            raise ConfigError(f"--mindir {path}: MindSpore cannot load it ({type(exc).__name__})") from None
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        import mindspore as ms
+
+        obs = np.asarray(obs, np.float32)
+        return self.cell(ms.Tensor(obs.reshape(obs.shape[0], -1))).asnumpy()
+
+
+def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs: int = 16) -> List[float]:
+    """Episodes of an exported policy on fresh gymnasium envs (same protocol as ``evaluate_policy``)."""
+    from .trainers.evaluation import run_episodes
+
+    policy = MindIRPolicy(path)
+    discrete = policy.sidecar["action_space"]["type"] == "Discrete"
+
+    def act(obs):
+        a = policy(obs)
+        return a.astype(np.int64) if discrete else a
+
+    return run_episodes(policy.sidecar["env_id"], policy.sidecar.get("env_kwargs") or {}, act, episodes, seed,
+                        max_envs)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def build_parser():
+    from .cli_common import OneLineArgumentParser
+
+    p = OneLineArgumentParser(prog="python -m scalebox_ms.export",
+                              description="Export a trained policy to MindIR, optionally INT8-quantized.")
+    p.add_argument("--run", required=True, help="run directory written by scalebox_ms.train")
+    p.add_argument("--checkpoint", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
+    p.add_argument("--output", help="output .mindir (default: <run>/policy[_int8_<level>].mindir)")
+    p.add_argument("--int8", action="store_true", help="post-training INT8 quantization")
+    p.add_argument("--calibrate-steps", type=int, default=200, help="env steps of calibration data (--int8)")
+    p.add_argument("--quant-level", choices=["L1", "L2"], default=None,
+                   help="L1: int8 weights; L2: int8 weights and activations (default L1; needs --int8)")
+    p.add_argument("--activation-calibration", choices=["minmax", "percentile"], default=None,
+                   help="L2 activation range: largest magnitude seen, or a percentile (default minmax)")
+    p.add_argument("--percentile", type=float, default=99.99, help="percentile for --activation-calibration percentile")
+    p.add_argument("--json", action="store_true", help="print the sidecar as JSON")
+    return p
+
+
+def main(argv=None) -> int:
+    import sys
+
+    from .cli_common import run_cli
+
+    args = build_parser().parse_args(argv)
+
+    def go():
+        from .errors import CheckpointError
+
+        if not args.int8 and (args.quant_level or args.activation_calibration):
+            raise ConfigError("--quant-level/--activation-calibration need --int8")
+        level = args.quant_level or "L1"
+        calib = args.activation_calibration or "minmax"
+        if args.int8 and args.calibrate_steps < 1:
+            raise ConfigError(f"--calibrate-steps: must be >= 1, got {args.calibrate_steps}")
+        if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):
+            raise CheckpointError(f"--run {args.run}: not a run directory (no config.yaml)")
+        output = args.output or os.path.join(args.run, f"policy_int8_{level}.mindir" if args.int8 else "policy.mindir")
+        if not output.endswith(".mindir"):
+            raise ConfigError(f"--output {output}: must end with .mindir")
+        from .config import load_config
+        from .trainers import PPOTrainer
+        from .trainers.checkpoint import resolve_checkpoint
+
+        cfg = load_config(os.path.join(args.run, "config.yaml"))
+        ckpt = resolve_checkpoint(args.checkpoint or os.path.join(args.run, "checkpoints"))
+        trainer = PPOTrainer(cfg).load(ckpt)
+        sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=args.calibrate_steps,
+                                activation_calibration=calib, percentile=args.percentile, source=ckpt)
+        trainer.close()
+        if args.json:
+            print(json.dumps({**sidecar, "path": output}))
+        else:
+            kind = f"INT8 {level}" if args.int8 else "fp32"
+            print(f"wrote {output} ({kind}, {sidecar['file_bytes']} bytes) and {sidecar_path(output)}")
+
+    return run_cli(go)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""INT8 post-training quantization of the policy network.
+
+``DynamicQuantizer(calibrate_steps=200, quant_level="L1")`` turns a trained float policy into a
+:class:`QuantizedPolicy` ``nn.Cell``:
+
+* **L1** -- weights int8, symmetric, one scale per output channel (``scale = max|w_row| / 127``); activations
+  stay float. The graph dequantises in-graph (``cast(w_int8) * scale``), so exported MindIR files store the
+  weights as int8 tensors plus float scales (~4x smaller weights).
+* **L2** -- additionally every Dense layer's input is quantized to int8 (symmetric, per tensor) with a scale
+  calibrated on observations collected by running the policy (``activation_calibration="minmax"`` uses the
+  largest magnitude seen, ``"percentile"`` the given percentile of magnitudes, which ignores outliers). The
+  matmul runs on the int8 values and the result is rescaled by ``scale_x * scale_w``.
+
+Backend note: MindSpore 2.10's CPU int8 MatMul accumulates in int8 and overflows, and CPU has no int8 quant
+kernels (DESIGN.md). L2 therefore *simulates* int8 arithmetic on every backend: int8 values are cast to float32
+and multiplied; products of int8 values summed over up to 1040 inputs stay below 2**24, so this equals an int32
+accumulation exactly. Real int8 kernels (Ascend ``QuantBatchMatmul``) are not wired in yet; L2 files run
+everywhere but are not faster than float on CPU.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from ..errors import ConfigError
+
+LEVELS = ("L1", "L2")
+CALIBRATIONS = ("minmax", "percentile")
+_MAX_EXACT_FAN_IN = 1040  # 127 * 127 * 1040 < 2**24: float32 sums of int8 products are exact
+
+
+def quantize_weight_per_channel(w: np.ndarray):
+    """Symmetric per-output-channel int8: returns (int8 weights, float32 scales (out,))."""
+    w = np.asarray(w, np.float32)
+    amax = np.abs(w).max(axis=1)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+class QuantDense(nn.Cell):
+    """y = act(dequant(W_int8) x + b), optionally with int8-quantized input (L2)."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, activation: Optional[str],
+                 input_scale: Optional[float] = None):
+        super().__init__()
+        q, scale = quantize_weight_per_channel(weight)
+        self.weight_int8 = Parameter(Tensor(q), name="weight_int8", requires_grad=False)
+        self.weight_scale = Parameter(Tensor(scale), name="weight_scale", requires_grad=False)
+        self.bias = Parameter(Tensor(np.asarray(bias, np.float32)), name="bias", requires_grad=False)
+        self.quantize_input = input_scale is not None
+        self.input_scale = float(input_scale) if input_scale is not None else 1.0
+        self.activation = {"tanh": nn.Tanh(), "relu": nn.ReLU(), None: None}[activation]
+
+    def construct(self, x):
+        w = self.weight_int8.astype(ms.float32)
+        if self.quantize_input:
+            xq = ops.clip_by_value(ops.round(x / self.input_scale), -127.0, 127.0)
+            y = ops.matmul(xq, w.T) * (self.weight_scale * self.input_scale) + self.bias
+        else:
+            y = ops.matmul(x, (w * self.weight_scale.expand_dims(-1)).T) + self.bias
+        if self.activation is not None:
+            y = self.activation(y)
+        return y
+
+
+class QuantizedPolicy(nn.Cell):
+    """Deterministic policy on normalised observations with int8 Dense layers: obs -> action."""
+
+    def __init__(self, layers: List[QuantDense], discrete: bool, low=None, high=None, level: str = "L1",
+                 info: Optional[dict] = None):
+        super().__init__()
+        self.layers = nn.CellList(layers)
+        self.discrete = discrete
+        self.level = level
+        self.info = info or {}
+        if not discrete:
+            self.low = Tensor(np.asarray(low, np.float32))
+            self.high = Tensor(np.asarray(high, np.float32))
+
+    def logits(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def construct(self, obs):
+        out = self.logits(obs)
+        if self.discrete:
+            return ops.argmax(out, -1).astype(ms.int32)
+        return ops.clip_by_value(out, self.low, self.high)
+
+
+def _dense_layers(seq: nn.SequentialCell):
+    """[(weight, bias, activation name or None)] of an MLP built by :func:`scalebox_ms.models.actor_critic.mlp`."""
+    cells = list(seq.cells())
+    out = []
+    for i, cell in enumerate(cells):
+        if isinstance(cell, nn.Dense):
+            nxt = cells[i + 1] if i + 1 < len(cells) else None
+            act = "tanh" if isinstance(nxt, nn.Tanh) else "relu" if isinstance(nxt, nn.ReLU) else None
+            out.append((cell.weight.asnumpy(), cell.bias.asnumpy(), act))
+    return out
+
+
+class DynamicQuantizer:
+    """Post-training quantizer: ``quant_model = DynamicQuantizer(...)(model, calibration_data)``.
+
+    Args:
+        calibrate_steps: env steps of calibration data to collect (used by :func:`collect_calibration_data`
+            and recorded in the result); must be >= 1.
+        quant_level: 'L1' (int8 weights) or 'L2' (int8 weights and activations).
+        activation_calibration: 'minmax' or 'percentile' (L2 only).
+        percentile: the percentile of |activation| used as the clipping range with 'percentile'.
+    """
+
+    def __init__(self, calibrate_steps: int = 200, quant_level: str = "L1", activation_calibration: str = "minmax",
+                 percentile: float = 99.99):
+        if isinstance(calibrate_steps, bool) or not isinstance(calibrate_steps, (int, np.integer)) or calibrate_steps < 1:
+            raise ConfigError(f"calibrate_steps: must be an integer >= 1, got {calibrate_steps!r}")
+        if quant_level not in LEVELS:
+            raise ConfigError(f"quant_level: {quant_level!r} is not one of {', '.join(LEVELS)}")
+        if activation_calibration not in CALIBRATIONS:
+            raise ConfigError(f"activation_calibration: {activation_calibration!r} is not one of {', '.join(CALIBRATIONS)}")
+        if not 50.0 < float(percentile) <= 100.0:
+            raise ConfigError(f"percentile: must be in (50, 100], got {percentile}")
+        self.calibrate_steps = int(calibrate_steps)
+        self.quant_level = quant_level
+        self.activation_calibration = activation_calibration
+        self.percentile = float(percentile)
+
+    def __call__(self, model, calibration_data) -> QuantizedPolicy:
+        """Quantize ``model`` (an ActorCritic, or a PPOTrainer) using normalised observations ``calibration_data``."""
+        trainer = None
+        if hasattr(model, "model") and hasattr(model, "global_step"):  # a PPOTrainer
+            trainer, model = model, model.model
+            if trainer.global_step == 0:
+                raise ConfigError("quantize: the policy is untrained (global_step 0); train or load a checkpoint first")
+        pi = getattr(model, "pi_net", None)
+        layers = _dense_layers(pi) if isinstance(pi, nn.SequentialCell) else []
+        if not layers:
+            raise ConfigError(f"quantize: {type(model).__name__} has no policy Dense layers to quantize")
+        data = np.asarray(calibration_data, np.float32) if calibration_data is not None else np.zeros((0,))
+        if data.ndim != 2 or data.shape[0] == 0:
+            raise ConfigError(f"quantize: calibration data must be a non-empty (N, obs_dim) array, got shape {data.shape}")
+        if data.shape[1] != layers[0][0].shape[1]:
+            raise ConfigError(f"quantize: calibration data has {data.shape[1]} features, the policy expects {layers[0][0].shape[1]}")
+        if self.quant_level == "L2":
+            fan_in = max(w.shape[1] for w, _, _ in layers)
+            if fan_in > _MAX_EXACT_FAN_IN:
+                raise ConfigError(f"quantize: L2 simulation is exact up to {_MAX_EXACT_FAN_IN} inputs per layer, "
+                                  f"this policy has {fan_in}")
+        scales = self._input_scales(layers, data) if self.quant_level == "L2" else [None] * len(layers)
+        qlayers = [QuantDense(w, b, act, s) for (w, b, act), s in zip(layers, scales)]
+        spec = model.spec
+        info = {
+            "level": self.quant_level,
+            "weights": "int8, symmetric, per output channel",
+            "activations": "float32" if self.quant_level == "L1" else
+            f"int8, symmetric, per tensor, {self.activation_calibration}"
+            + (f" p{self.percentile}" if self.activation_calibration == "percentile" else ""),
+            "calibrate_steps": self.calibrate_steps,
+            "calibration_samples": int(data.shape[0]),
+            "input_scales": [None if s is None else float(s) for s in scales],
+            "int8_arithmetic": "simulated in float32 (exact int32-equivalent accumulation)"
+            if self.quant_level == "L2" else "n/a (weights dequantised in graph)",
+        }
+        return QuantizedPolicy(qlayers, spec.discrete, spec.low, spec.high, self.quant_level, info)
+
+    def _input_scales(self, layers, data: np.ndarray) -> List[float]:
+        """Per-layer input scales from a float forward pass over the calibration data."""
+        scales = []
+        x = data.astype(np.float64)
+        for w, b, act in layers:
+            mag = np.abs(x).ravel()
+            r = mag.max() if self.activation_calibration == "minmax" else np.percentile(mag, self.percentile)
+            scales.append(float(r / 127.0) if r > 0 else 1.0)
+            x = x @ w.T.astype(np.float64) + b
+            x = np.tanh(x) if act == "tanh" else np.maximum(x, 0) if act == "relu" else x
+        return scales
+
+
+def collect_calibration_data(trainer, steps: int, seed: int = 12_345) -> np.ndarray:
+    """Run the trainer's deterministic policy on fresh envs (``min(num_envs, 8)`` copies) until ``steps`` env
+    steps are done; return the normalised observations it saw, (steps, obs_dim) float32."""
+    from ..envs import make_vec_env
+
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ConfigError(f"calibrate_steps: must be an integer >= 1, got {steps!r}")
+    cfg = trainer.config.env
+    n = min(cfg.num_envs, 8, steps)
+    env = make_vec_env(cfg.id, n, cfg.kwargs)
+    try:
+        obs, _ = env.reset(seed=seed)
+        seen = []
+        for _ in range(-(-steps // n)):
+            seen.append(trainer.normalize_obs(obs, update=False))
+            obs, *_ = env.step(trainer.predict(obs, deterministic=True))
+        return np.concatenate(seen, axis=0)[:steps]
+    finally:
+        env.close()

@@ -1,0 +1,146 @@
+"""MindIR export: a fresh process without scalebox_ms reproduces PPOTrainer.predict; INT8 files and CLI."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_module, small_config
+from scalebox_ms.export import export_mindir, sidecar_path
+from scalebox_ms.trainers import PPOTrainer
+
+# Drives gymnasium's env with the exported policy using only mindspore + gymnasium + numpy.
+DRIVER = textwrap.dedent("""
+    import json, sys
+    import numpy as np, gymnasium as gym, mindspore as ms
+    path, env_id, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    policy = ms.nn.GraphCell(ms.load(path))
+    env = gym.make(env_id)
+    obs, _ = env.reset(seed=7)
+    all_obs, all_act = [], []
+    for t in range(steps):
+        a = policy(ms.Tensor(obs[None].astype(np.float32))).asnumpy()[0]
+        all_obs.append(obs.tolist()); all_act.append(a.tolist())
+        obs, r, term, trunc, _ = env.step(int(a) if np.ndim(a) == 0 else a)
+        if term or trunc:
+            obs, _ = env.reset()
+    batch = policy(ms.Tensor(np.asarray(all_obs, np.float32))).asnumpy()  # dynamic batch dimension
+    assert "scalebox_ms" not in sys.modules
+    print(json.dumps({"obs": all_obs, "actions": all_act, "batch": batch.tolist()}))
+""")
+
+
+def drive(path, env_id, steps, tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, str(script), str(path), env_id, str(steps)], capture_output=True, text=True,
+                       timeout=300, cwd=str(tmp_path), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cartpole(tmp_path_factory):
+    tr = PPOTrainer(small_config(run={"total_steps": 1024}, env={"normalize_obs": True}))
+    tr.learn()
+    yield tr
+    tr.close()
+
+
+def test_fp32_export_matches_predict_in_a_process_without_scalebox(cartpole, tmp_path):
+    path = str(tmp_path / "policy.mindir")
+    sc = export_mindir(cartpole, path)
+    assert sc["normalization"] is not None and sc["quantization"] is None and sc["env_id"] == "CartPole-v1"
+    with open(sidecar_path(path)) as f:
+        assert json.load(f)["param_sha256"] == cartpole.parameters_sha256()
+    out = drive(path, "CartPole-v1", 300, tmp_path)
+    want = cartpole.predict(np.asarray(out["obs"], np.float32))
+    np.testing.assert_array_equal(np.asarray(out["actions"]), want)
+    np.testing.assert_array_equal(np.asarray(out["batch"]), want)
+
+
+def test_continuous_export_matches_predict(tmp_path):
+    tr = PPOTrainer(small_config(env={"id": "Pendulum-v1", "num_envs": 2, "normalize_obs": True},
+                                 ppo={"n_steps": 32, "batch_size": 16}, run={"total_steps": 128}))
+    tr.learn()
+    path = str(tmp_path / "pend.mindir")
+    export_mindir(tr, path)
+    out = drive(path, "Pendulum-v1", 100, tmp_path)
+    want = tr.predict(np.asarray(out["obs"], np.float32))
+    np.testing.assert_allclose(np.asarray(out["actions"]), want, rtol=1e-5, atol=1e-5)
+    assert np.all(np.abs(want) <= 2.0)
+    tr.close()
+
+
+@pytest.mark.parametrize("level", ["L1", "L2"])
+def test_int8_export_stores_int8_weights_and_runs_standalone(cartpole, tmp_path, level):
+    from mindspore.train import mind_ir_pb2
+
+    path = str(tmp_path / f"q_{level}.mindir")
+    sc = export_mindir(cartpole, path, int8=True, quant_level=level, calibrate_steps=200)
+    assert sc["quantization"]["level"] == level and sc["quantization"]["calibrate_steps"] == 200
+    model = mind_ir_pb2.ModelProto()
+    with open(path, "rb") as f:
+        model.ParseFromString(f.read())
+    types = {p.name.split(".")[-1]: p.data_type for p in model.graph.parameter}
+    int8 = mind_ir_pb2.TensorProto.DataType.Value("INT8")
+    assert types["weight_int8"] == int8
+    out = drive(path, "CartPole-v1", 200, tmp_path)
+    want = cartpole.predict(np.asarray(out["obs"], np.float32))
+    assert (np.asarray(out["actions"]) == want).mean() >= 0.95
+
+
+def test_int8_file_is_at_most_035x_for_a_256x256_policy(tmp_path):
+    tr = PPOTrainer(small_config(env={"id": "Pendulum-v1", "num_envs": 2}, ppo={"n_steps": 16, "batch_size": 16},
+                                 policy={"pi_layers": [256, 256], "vf_layers": [256, 256], "activation": "relu"},
+                                 run={"total_steps": 32}))
+    tr.learn()
+    fp32 = export_mindir(tr, str(tmp_path / "f.mindir"))["file_bytes"]
+    q = export_mindir(tr, str(tmp_path / "q.mindir"), int8=True, calibrate_steps=50)["file_bytes"]
+    assert q <= 0.35 * fp32, (q, fp32)
+    tr.close()
+
+
+def test_export_and_evaluate_cli(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_module("train", "--total-steps", 512, "--run-dir", run_dir, "--no-progress", "--set", "env.num_envs=4",
+                   "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32", "--set", "ppo.n_epochs=2",
+                   "--set", "run.eval_episodes=0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_module("export", "--run", run_dir, "--int8", "--quant-level", "L2", "--calibrate-steps", 64, "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    sc = json.loads(r.stdout)
+    assert sc["path"].endswith("policy_int8_L2.mindir") and os.path.exists(sc["path"])
+    r = run_module("evaluate", "--mindir", sc["path"], "--episodes", 3, "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["episodes"] == 3
+    r = run_module("export", "--run", run_dir)
+    assert r.returncode == 0 and os.path.exists(run_dir / "policy.mindir")
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["--output", "x.onnx"], "must end with .mindir"),
+    (["--quant-level", "L2"], "need --int8"),
+    (["--int8", "--calibrate-steps", "0"], "--calibrate-steps"),
+    (["--int8", "--quant-level", "L9"], "--quant-level"),
+])
+def test_export_bad_input(tmp_path, args, culprit):
+    run_dir = tmp_path / "run"
+    r = run_module("train", "--total-steps", 64, "--run-dir", run_dir, "--no-progress", "--set", "env.num_envs=4",
+                   "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32", "--set", "run.eval_episodes=0")
+    assert r.returncode == 0
+    before = set(os.listdir(run_dir))
+    r = run_module("export", "--run", run_dir, *args)
+    assert r.returncode == 2 and culprit in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert set(os.listdir(run_dir)) == before
+
+
+def test_export_refuses_missing_run_and_evaluate_missing_file(tmp_path):
+    r = run_module("export", "--run", tmp_path / "none")
+    assert r.returncode == 2 and "not a run directory" in r.stderr
+    r = run_module("evaluate", "--mindir", tmp_path / "none.mindir")
+    assert r.returncode == 2 and "file not found" in r.stderr
