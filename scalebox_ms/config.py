@@ -161,6 +161,10 @@ def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> C
             raise ConfigError(f"config file is a directory: {path}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path}: invalid YAML ({_first_line(exc)})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path}: not UTF-8 text") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: cannot read ({exc.strerror})") from None
         cfg = Config.from_dict(data)
     if overrides:
         cfg = cfg.with_overrides(overrides)
@@ -205,7 +209,7 @@ def validate(cfg: Config) -> None:
     _check(o.max_grad_norm > 0, "ppo.max_grad_norm", f"must be > 0, got {o.max_grad_norm}")
     _check(o.target_kl is None or o.target_kl > 0, "ppo.target_kl", f"must be > 0 or null, got {o.target_kl}")
     _check(o.adam_eps > 0, "ppo.adam_eps", f"must be > 0, got {o.adam_eps}")
-    _check(r.seed >= 0, "run.seed", f"must be >= 0, got {r.seed}")
+    _check(0 <= r.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {r.seed}")
     _check(r.total_steps >= 1, "run.total_steps", f"must be >= 1, got {r.total_steps}")
     _check(r.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {r.checkpoint_every}")
     _check(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {r.keep_checkpoints}")

@@ -34,6 +34,8 @@ def main(argv=None) -> int:
 
         if args.episodes < 1:
             raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
+        if not 0 <= args.seed < 2**32:
+            raise ConfigError(f"--seed: must be in [0, 2**32), got {args.seed}")
         if args.mindir:
             return _evaluate_mindir(args)
         if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):

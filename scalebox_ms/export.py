@@ -85,12 +85,16 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     cell = _deploy_cell(policy, trainer.obs_normalizer)
     spec = trainer.spec
     directory = os.path.dirname(os.path.abspath(output))
-    os.makedirs(directory, exist_ok=True)
+    if os.path.isdir(output):
+        raise ConfigError(f"--output {output}: is a directory")
     tmp_prefix = os.path.join(directory, f".tmp-{os.path.basename(output)[:-7]}-{os.getpid()}")
     try:
+        os.makedirs(directory, exist_ok=True)
         ms.export(cell, ms.Tensor(shape=[None, spec.obs_dim], dtype=ms.float32), file_name=tmp_prefix,
                   file_format="MINDIR")
         os.replace(tmp_prefix + ".mindir", output)
+    except OSError as exc:
+        raise ConfigError(f"--output {output}: cannot write ({exc.strerror or exc})") from None
     finally:
         if os.path.exists(tmp_prefix + ".mindir"):
             os.unlink(tmp_prefix + ".mindir")

@@ -80,6 +80,8 @@ def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     (["--total-steps", "0"], "run.total_steps"),
     (["--bogus-flag"], "--bogus-flag"),
     (["--seed", "abc"], "--seed"),
+    (["--seed", str(2**32)], "run.seed"),
+    (["--set", "env.kwargs={max_episode_steps: x}"], "fails its first step"),
 ])
 def test_bad_input_one_line_exit_2_and_no_run_dir(tmp_path, args, culprit):
     run_dir = tmp_path / "run"
@@ -116,3 +118,29 @@ def test_existing_run_dir_is_not_overwritten(tmp_path):
     r = run_module("train", "--run-dir", run_dir, "--no-progress")
     assert r.returncode == 2 and "already exists" in r.stderr
     assert os.listdir(run_dir) == ["keep.txt"]
+
+
+def test_resume_refuses_a_checkpoint_of_another_env_count(tmp_path):
+    run_dir = tmp_path / "run"
+    train("--total-steps", 128, "--until", 64, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
+    cfg = (run_dir / "config.yaml").read_text().replace("num_envs: 4", "num_envs: 2")
+    (run_dir / "config.yaml").write_text(cfg)
+    r = run_module("train", "--resume", run_dir, "--no-progress")
+    assert r.returncode == 2 and "env.num_envs=4" in r.stderr, r.stderr
+
+
+def test_torn_metrics_row_is_dropped_on_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    train("--total-steps", 256, "--until", 128, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
+    with open(run_dir / "metrics.csv", "a") as f:
+        f.write("3,19")  # a crash mid-write
+    r = run_module("train", "--resume", run_dir, "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = metrics_rows(run_dir)
+    assert [int(r["global_step"]) for r in rows] == [64, 128, 192, 256]
+
+
+def test_crash_before_first_interval_checkpoint_is_resumable(tmp_path):
+    run_dir = tmp_path / "run"
+    train("--total-steps", 256, "--until", 1, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
+    assert "ckpt_000000000000.json" in os.listdir(run_dir / "checkpoints")

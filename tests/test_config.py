@@ -73,6 +73,10 @@ def test_missing_and_invalid_files(tmp_path):
     bad.write_text("env: [unclosed\n")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(str(bad))
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"\xff\xfe\x00junk")
+    with pytest.raises(ConfigError, match="not UTF-8|invalid YAML"):
+        load_config(str(binary))
 
 
 def test_packaged_presets_load():

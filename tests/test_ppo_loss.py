@@ -136,3 +136,24 @@ def test_clip_grad_norm_matches_torch_semantics():
         assert float(got_norm.asnumpy()) == pytest.approx(norm, rel=1e-5)
         for o, g in zip(out, grads):
             np.testing.assert_allclose(o.asnumpy(), g * coef, rtol=1e-5, atol=1e-7)
+
+
+def test_learning_rate_input_reaches_the_optimizer():
+    cfg = Config()
+    model = build_model(SpaceSpec(4, True, 2), cfg.policy)
+    step = PPOUpdateStep(model, cfg.ppo)
+    rng = np.random.default_rng(4)
+    obs, act, old_lp, old_v, adv, ret, mask = make_batch(model, rng, B=32)
+    args = [ms.Tensor(pack_features(obs, old_lp, old_v, adv, ret, mask)), ms.Tensor(act),
+            ms.Tensor(np.arange(32, dtype=np.int32))]
+    rest = [ms.Tensor(np.float32(x)) for x in (0.2, np.inf, np.inf)]
+    w0 = model.pi_net[0].weight.asnumpy().copy()
+    step(*args, ms.Tensor(np.float32(0.0)), *rest)
+    np.testing.assert_array_equal(model.pi_net[0].weight.asnumpy(), w0)  # lr 0: Adam moves nothing
+    step(*args, ms.Tensor(np.float32(1e-2)), *rest)
+    small = np.abs(model.pi_net[0].weight.asnumpy() - w0).max()
+    w1 = model.pi_net[0].weight.asnumpy().copy()
+    step(*args, ms.Tensor(np.float32(1e-1)), *rest)
+    large = np.abs(model.pi_net[0].weight.asnumpy() - w1).max()
+    assert small > 0 and large > 5 * small
+    assert float(step.optimizer.learning_rate.asnumpy()) == pytest.approx(0.1)

@@ -38,6 +38,13 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None):
     except ConfigError:
         env.close()
         raise
+    try:  # one probe step, so bad env.kwargs fail here (before a run directory exists), not mid-training
+        env.reset(seed=0)
+        env.step(env.action_space.sample())
+    except Exception as exc:
+        env.close()
+        raise ConfigError(f"env.id: {env_id!r} with env.kwargs={kwargs} fails its first step "
+                          f"({type(exc).__name__}: {_first_line(exc)})") from None
     return env
 
 

@@ -265,18 +265,18 @@ class PPOTrainer:
             for start in range(0, B, p.batch_size):
                 idx = ms.Tensor(perm[start:start + p.batch_size])
                 out = self.update_step(*tensors, idx, lr_t, clip_t, clip_vf, kl_limit)
+                outputs.append(out)
                 if early_stop:
-                    out = out.asnumpy()
-                    if out[6] < 0.5:
+                    out = outputs[-1] = out.asnumpy()
+                    if out[6] < 0.5:  # not applied: approx_kl > 1.5 * target_kl
                         stopped = True
                         break
-                outputs.append(out)
             if stopped:
                 break
         stats = np.stack([o if isinstance(o, np.ndarray) else o.asnumpy() for o in outputs]) if outputs else np.zeros((0, 7))
         names = ["loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction"]
         result = {n: (float(stats[:, i].mean()) if len(stats) else float("nan")) for i, n in enumerate(names)}
-        result["n_updates"] = len(outputs)
+        result["n_updates"] = int(stats[:, 6].sum()) if len(stats) else 0  # optimizer steps applied
         result["early_stopped"] = int(stopped)
         return result
 
@@ -352,6 +352,11 @@ class PPOTrainer:
         if sc.get("space_spec") != self.spec.__dict__ and _jsonable(sc.get("space_spec")) != _jsonable(self.spec.__dict__):
             raise CheckpointError(f"checkpoint {ck['prefix']} was made for spaces {sc.get('space_spec')}, "
                                   f"this trainer has {self.spec.__dict__}")
+        ck_env = (sc.get("config") or {}).get("env", {})
+        for key in ("id", "num_envs"):
+            if ck_env.get(key) != getattr(self.config.env, key):
+                raise CheckpointError(f"checkpoint {ck['prefix']} was made with env.{key}={ck_env.get(key)!r}, "
+                                      f"this trainer has env.{key}={getattr(self.config.env, key)!r}")
         named = self._named_state()
         missing = [n for n, _ in named if n not in tensors]
         if missing:

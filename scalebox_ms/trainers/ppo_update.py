@@ -15,7 +15,7 @@ steps of NEXT_STEP vector envs), so fixed-shape minibatches stay exact.
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import nn, ops
 
 from ..ops import clip_grad_norm
 
@@ -87,9 +87,10 @@ class PPOUpdateStep(nn.Cell):
         self.obs_dim = model.spec.obs_dim
         self.loss_fn = PPOLoss(model, ppo_cfg.ent_coef, ppo_cfg.vf_coef, ppo_cfg.clip_range_vf is not None,
                                ppo_cfg.normalize_advantage)
-        self.learning_rate = Parameter(Tensor(ppo_cfg.learning_rate, ms.float32), name="learning_rate",
-                                       requires_grad=False)
-        self.optimizer = nn.Adam(model.trainable_params(), learning_rate=self.learning_rate, eps=ppo_cfg.adam_eps)
+        self.optimizer = nn.Adam(model.trainable_params(), learning_rate=float(ppo_cfg.learning_rate),
+                                 eps=ppo_cfg.adam_eps)
+        # Adam keeps its own learning-rate Parameter (it copies whatever it is given): assign into that one
+        self.learning_rate = self.optimizer.learning_rate
         self.max_grad_norm = float(ppo_cfg.max_grad_norm)
         self.kl_stop = ppo_cfg.target_kl is not None
         self.grad_fn = ms.value_and_grad(self.loss_fn, None, self.optimizer.parameters, has_aux=True)

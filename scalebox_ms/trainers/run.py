@@ -122,9 +122,13 @@ def plot_learning_curve(metrics_csv: str, out_png: str, title: str) -> None:
     steps, rets = [], []
     with open(metrics_csv, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
-            if row["episode_return_mean"] not in ("", "nan"):
-                steps.append(int(row["global_step"]))
-                rets.append(float(row["episode_return_mean"]))
+            try:
+                step, ret = int(row["global_step"]), float(row["episode_return_mean"])
+            except (TypeError, ValueError, KeyError):
+                continue  # header-only, torn or NaN rows
+            if math.isfinite(ret):
+                steps.append(step)
+                rets.append(ret)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(steps, rets, lw=1.5)
     ax.set_xlabel("env steps")
@@ -147,7 +151,7 @@ def _truncate_metrics(path: str, global_step: int) -> None:
         return
     header, body = rows[0], rows[1:]
     col = header.index("global_step")
-    kept = [r for r in body if r and int(r[col]) <= global_step]
+    kept = [r for r in body if len(r) == len(header) and r[col].isdigit() and int(r[col]) <= global_step]
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(header)
@@ -191,6 +195,8 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise ConfigError(f"--run-dir {run_dir}: cannot write ({exc.strerror})") from None
+        trainer.learn(until=0)  # resets the envs (seeded) without training
+        trainer.save(checkpoint_prefix(os.path.join(run_dir, "checkpoints"), 0))  # a crash from here on is resumable
         log(f"run directory: {run_dir}  (device {trainer.sandbox.device})")
 
     ckpt_dir = os.path.join(run_dir, "checkpoints")
