@@ -14,7 +14,7 @@ import json
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import yaml
 
@@ -48,7 +48,11 @@ class PolicyConfig:
 @dataclass
 class PPOConfig:
     n_steps: int = 2048
-    batch_size: int = 64
+    #: minibatch size, or "auto": probe the sizes in [min_batch, max_batch] that divide the rollout in the
+    #: first iteration and keep the one with the highest measured update throughput (see trainers.autobatch)
+    batch_size: Union[int, str] = 64
+    min_batch: int = 64
+    max_batch: int = 1024
     n_epochs: int = 10
     gamma: float = 0.99
     gae_lambda: float = 0.95
@@ -194,11 +198,19 @@ def validate(cfg: Config) -> None:
         layers = getattr(p, key)
         _check(all(n >= 1 for n in layers), f"policy.{key}", f"layer sizes must be >= 1, got {layers}")
     _check(o.n_steps >= 1, "ppo.n_steps", f"must be >= 1, got {o.n_steps}")
-    _check(o.batch_size >= 1, "ppo.batch_size", f"must be >= 1, got {o.batch_size}")
     _check(o.n_epochs >= 1, "ppo.n_epochs", f"must be >= 1, got {o.n_epochs}")
     rollout = o.n_steps * e.num_envs
-    _check(rollout % o.batch_size == 0, "ppo.batch_size",
-           f"({o.batch_size}) must divide ppo.n_steps * env.num_envs ({rollout})")
+    if isinstance(o.batch_size, str):
+        _check(o.batch_size == "auto", "ppo.batch_size", f"must be an integer or 'auto', got {o.batch_size!r}")
+        _check(o.min_batch >= 1, "ppo.min_batch", f"must be >= 1, got {o.min_batch}")
+        _check(o.max_batch >= o.min_batch, "ppo.max_batch", f"({o.max_batch}) must be >= ppo.min_batch ({o.min_batch})")
+        _check(any(rollout % b == 0 for b in range(o.min_batch, min(o.max_batch, rollout) + 1)), "ppo.batch_size",
+               f"auto: no size in [ppo.min_batch, ppo.max_batch] = [{o.min_batch}, {o.max_batch}] divides "
+               f"ppo.n_steps * env.num_envs ({rollout})")
+    else:
+        _check(o.batch_size >= 1, "ppo.batch_size", f"must be >= 1, got {o.batch_size}")
+        _check(rollout % o.batch_size == 0, "ppo.batch_size",
+               f"({o.batch_size}) must divide ppo.n_steps * env.num_envs ({rollout})")
     _check(0.0 <= o.gamma <= 1.0, "ppo.gamma", f"must be in [0, 1], got {o.gamma}")
     _check(0.0 <= o.gae_lambda <= 1.0, "ppo.gae_lambda", f"must be in [0, 1], got {o.gae_lambda}")
     _check(o.learning_rate > 0, "ppo.learning_rate", f"must be > 0, got {o.learning_rate}")
@@ -244,11 +256,19 @@ def _set_field(section_obj, section: str, key: str, value: Any) -> None:
 def _coerce(name: str, tp, value: Any) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-    if origin is typing.Union:  # Optional[X]
-        if value is None:
+    if origin is typing.Union:  # Optional[X] or Union[int, str]
+        if value is None and type(None) in args:
             return None
-        inner = [a for a in args if a is not type(None)][0]
-        return _coerce(name, inner, value)
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return _coerce(name, options[0], value)
+        for option in options:
+            try:
+                return _coerce(name, option, value)
+            except ConfigError:
+                pass
+        names = {int: "an integer", float: "a number", str: "a string", bool: "true/false"}
+        raise ConfigError(f"{name}: expected {' or '.join(names.get(o, str(o)) for o in options)}, got {value!r}")
     if tp is bool:
         if isinstance(value, bool):
             return value

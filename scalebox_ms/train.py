@@ -30,6 +30,8 @@ def build_parser():
     p.add_argument("--until", type=int, metavar="STEPS",
                    help="pause (checkpoint + summary) once this many env steps are done; schedules unchanged")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="record N iterations with MindSpore's profiler into <run-dir>/profile")
     return p
 
 
@@ -37,6 +39,13 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
 
     def go():
+        import logging
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger = logging.getLogger("scalebox_ms")
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
         from .config import load_config
         from .errors import ConfigError
 
@@ -57,7 +66,7 @@ def main(argv=None) -> int:
         from .trainers.run import train_run
 
         summary = train_run(cfg, run_dir=args.run_dir, resume=args.resume, until=args.until,
-                            progress=False if args.no_progress else None,
+                            progress=False if args.no_progress else None, profile=args.profile,
                             log=lambda s: print(s, file=sys.stderr))
         print(json.dumps(summary, indent=2))
 

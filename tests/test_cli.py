@@ -9,7 +9,7 @@ from conftest import run_module
 
 TINY = ["--set", "env.num_envs=4", "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32",
         "--set", "ppo.n_epochs=2", "--set", "run.eval_episodes=3", "--no-progress"]
-TIMING = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s"}
+from scalebox_ms.trainers.run import TIMING_COLUMNS as TIMING
 
 
 def train(*args, **kw):

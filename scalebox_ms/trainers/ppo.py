@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import time
 from typing import Callable, Iterable, List, Optional, Sequence, Union
 
@@ -58,14 +59,19 @@ class PPOTrainer:
     compiled PPO minibatch update, which owns the Adam optimizer).
     """
 
-    def __init__(self, config: Union[Config, dict, None] = None, sandbox: Optional[Sandbox] = None):
+    def __init__(self, config: Union[Config, dict, None] = None, sandbox: Optional[Sandbox] = None, **ppo):
         if config is None:
             config = Config()
         elif isinstance(config, dict):
             config = Config.from_dict(config)
         elif not isinstance(config, Config):
             raise ConfigError(f"config: expected Config, dict or None, got {type(config).__name__}")
+        if ppo:  # keyword overrides of the ppo section, e.g. PPOTrainer(cfg, batch_size="auto", max_batch=512)
+            data = config.to_dict()
+            data["ppo"].update(ppo)
+            config = Config.from_dict(data)
         self.config = config
+        self.log = logging.getLogger("scalebox_ms")
         seed = config.run.seed
         self.sandbox = sandbox if sandbox is not None else Sandbox.from_config(config.sandbox, seed)
 
@@ -98,6 +104,9 @@ class PPOTrainer:
         self._ep_return = np.zeros(e.num_envs, np.float64)
         self._ep_length = np.zeros(e.num_envs, np.int64)
         self._last_metrics: dict = {}
+        # minibatch size: fixed, or chosen by probing in the first update (ppo.batch_size: auto)
+        self.batch_size: Optional[int] = None if config.ppo.batch_size == "auto" else int(config.ppo.batch_size)
+        self.auto_batch: Optional[dict] = None
         self._predict_rng = np.random.default_rng()
 
     # ------------------------------------------------------------------ helpers
@@ -163,8 +172,10 @@ class PPOTrainer:
             clip = schedule_value(p.clip_range, p.clip_schedule, progress_remaining)
 
             t0 = time.perf_counter()
-            self._collect(storage)
+            t_act, t_env = self._collect(storage)
+            t1 = time.perf_counter()
             last_values = self.value_step(ms.Tensor(self._obs)).asnumpy()
+            t_act += time.perf_counter() - t1
             advantages, returns = compute_gae(storage.rewards, storage.values, last_values, storage.terminated,
                                               storage.truncated, storage.valid, p.gamma, p.gae_lambda)
             t_rollout = time.perf_counter() - t0
@@ -193,6 +204,14 @@ class PPOTrainer:
                 "explained_variance": _explained_variance(storage.values[valid], returns[valid]),
                 "rollout_time_s": t_rollout,
                 "update_time_s": t_update,
+                # where the iteration's wall time went (shares sum to 1); single process: no communication
+                "share_env": t_env / dt,
+                "share_act": t_act / dt,
+                "share_update": t_update / dt,
+                "share_comm": 0.0,
+                "share_other": max(0.0, 1.0 - (t_env + t_act + t_update) / dt),
+                "update_samples_per_s": stats["n_updates"] * self.batch_size / t_update if t_update > 0 else 0.0,
+                "batch_size": self.batch_size,
             }
             self._last_metrics = metrics
             stop = False
@@ -205,16 +224,23 @@ class PPOTrainer:
             cb.on_training_end(self)
         return self
 
-    def _collect(self, storage) -> None:
+    def _collect(self, storage):
+        """Fill ``storage`` with one rollout; returns (seconds in acting calls, seconds in env.step)."""
         import mindspore as ms
 
         N = self.num_envs
+        t_act = t_env = 0.0
+        clock = time.perf_counter
         for t in range(storage.n_steps):
             obs = self._obs
+            t0 = clock()
             out = self._act_packed(ms.Tensor(obs), ms.Tensor(self._noise(N))).asnumpy()
+            t1 = clock()
             action = out[:, 0].astype(np.int32) if self.spec.discrete else out[:, :-2]
             log_prob, value = out[:, -2], out[:, -1]
             raw_obs, reward, terminated, truncated, _ = self.env.step(self._env_actions(action))
+            t_env += clock() - t1
+            t_act += t1 - t0
             valid = self._valid
             reward = np.asarray(reward, np.float64)
             terminated = np.asarray(terminated, bool) & valid
@@ -245,26 +271,51 @@ class PPOTrainer:
 
             self._obs = self.normalize_obs(raw_obs, update=True)
             self._valid = ~done
+        return t_act, t_env
 
     def _update(self, batch: dict, lr: float, clip: float, clip_vf, kl_limit) -> dict:
         import mindspore as ms
 
-        p = self.config.ppo
-        B = batch["obs"].shape[0]
+        from .autobatch import halve, is_oom_error
         from .ppo_update import pack_features
 
+        p = self.config.ppo
+        B = batch["obs"].shape[0]
         tensors = [ms.Tensor(pack_features(batch["obs"], batch["log_probs"], batch["values"], batch["advantages"],
                                            batch["returns"], batch["mask"])), ms.Tensor(batch["actions"])]
-        lr_t = ms.Tensor(np.float32(lr))
-        clip_t = ms.Tensor(np.float32(clip))
+        scalars = [ms.Tensor(np.float32(lr)), ms.Tensor(np.float32(clip)), clip_vf, kl_limit]
+        auto = p.batch_size == "auto"
+        if self.batch_size is None:
+            self.batch_size = self._probe_batch_size(tensors, scalars, B)
+        if not auto:
+            return self._run_epochs(tensors, scalars, B)
+        state, rng_state = self._snapshot(), self.rng.bit_generator.state
+        while True:
+            try:
+                return self._run_epochs(tensors, scalars, B)
+            except Exception as exc:  # device out of memory: halve the minibatch and redo this update
+                smaller = halve(self.batch_size, B, p.min_batch) if is_oom_error(exc) else None
+                if smaller is None:
+                    raise
+                self.log.warning("dynamic batching: out of memory at batch %d, retrying with %d", self.batch_size, smaller)
+                self.auto_batch["events"].append({"global_step": self.global_step, "oom_at": self.batch_size,
+                                                  "retry_with": smaller})
+                self.batch_size = smaller
+                self._restore(state)
+                self.rng.bit_generator.state = rng_state
+
+    def _run_epochs(self, tensors, scalars, B: int) -> dict:
+        import mindspore as ms
+
+        p = self.config.ppo
+        b = self.batch_size
         outputs: List = []
         early_stop = p.target_kl is not None
         stopped = False
         for _epoch in range(p.n_epochs):
             perm = self.rng.permutation(B).astype(np.int32)
-            for start in range(0, B, p.batch_size):
-                idx = ms.Tensor(perm[start:start + p.batch_size])
-                out = self.update_step(*tensors, idx, lr_t, clip_t, clip_vf, kl_limit)
+            for start in range(0, B, b):
+                out = self.update_step(*tensors, ms.Tensor(perm[start:start + b]), *scalars)
                 outputs.append(out)
                 if early_stop:
                     out = outputs[-1] = out.asnumpy()
@@ -279,6 +330,56 @@ class PPOTrainer:
         result["n_updates"] = int(stats[:, 6].sum()) if len(stats) else 0  # optimizer steps applied
         result["early_stopped"] = int(stopped)
         return result
+
+    def _probe_batch_size(self, tensors, scalars, B: int, timed_steps: int = 6) -> int:
+        """Time ``timed_steps`` optimizer steps at each candidate size on this rollout; state is restored after
+        each probe. Returns the chosen size and records the table in ``self.auto_batch``."""
+        import mindspore as ms
+
+        from .autobatch import candidate_sizes, choose, estimate_bytes, is_oom_error
+
+        p = self.config.ppo
+        state = self._snapshot()
+        probe_rng = np.random.default_rng(0)
+        hidden = list(self.config.policy.pi_layers) + list(self.config.policy.vf_layers)
+        table = []
+        for b in candidate_sizes(B, p.min_batch, p.max_batch):
+            row = {"batch_size": b, "est_bytes": estimate_bytes(b, self.spec.obs_dim, hidden)}
+            try:
+                idx = [ms.Tensor(probe_rng.permutation(B)[:b].astype(np.int32)) for _ in range(timed_steps + 1)]
+                self.update_step(*tensors, idx[0], *scalars).asnumpy()  # compiles this shape
+                t0 = time.perf_counter()
+                for i in range(1, timed_steps + 1):
+                    out = self.update_step(*tensors, idx[i], *scalars)
+                out.asnumpy()
+                dt = time.perf_counter() - t0
+                row.update(status="ok", step_ms=1000 * dt / timed_steps, samples_per_s=timed_steps * b / dt)
+            except Exception as exc:
+                if not is_oom_error(exc):
+                    raise
+                row.update(status="oom", step_ms=None, samples_per_s=0.0)
+            finally:
+                self._restore(state)
+            table.append(row)
+        chosen = choose(table)
+        self.auto_batch = {"chosen": chosen, "table": table, "events": []}
+        self.log.info("dynamic batching: chose minibatch %d of %d candidates (%s)", chosen, len(table),
+                      ", ".join(f"{r['batch_size']}: {r['samples_per_s']:.0f}/s" for r in table))
+        return chosen
+
+    def _snapshot(self):
+        return [param.asnumpy().copy() for _, param in self._named_state()]
+
+    def _restore(self, values) -> None:
+        """Write parameter/optimizer values (in ``_named_state`` order) so compiled graphs see them."""
+        import mindspore as ms
+
+        from ..ops import AssignParameters
+
+        named = self._named_state()
+        if getattr(self, "_writer", None) is None:
+            self._writer = AssignParameters([param for _, param in named])
+        self._writer(tuple(ms.Tensor(np.asarray(v, dtype=param.asnumpy().dtype)) for (_, param), v in zip(named, values)))
 
     # ------------------------------------------------------------------ inference
     def predict(self, obs, deterministic: bool = True) -> np.ndarray:
@@ -340,6 +441,8 @@ class PPOTrainer:
                 "ep_return": self._ep_return.tolist(), "ep_length": self._ep_length.tolist()},
             "space_spec": self.spec.__dict__,
             "param_sha256": self.parameters_sha256(),
+            "batch_size": self.batch_size,
+            "auto_batch": self.auto_batch,
         }
         return write_checkpoint(prefix, tensors, sidecar, env_obj=self.env if self._obs is not None else None)
 
@@ -367,10 +470,7 @@ class PPOTrainer:
             if tuple(arr.shape) != tuple(param.shape):
                 raise CheckpointError(f"checkpoint {ck['prefix']}: {name} has shape {tuple(arr.shape)}, "
                                       f"the model expects {tuple(param.shape)}")
-        import mindspore as ms
-
-        for name, param in named:
-            param.set_data(ms.Tensor(tensors[name].astype(param.asnumpy().dtype)))
+        self._restore([tensors[name] for name, _ in named])
         self.global_step = int(sc["global_step"])
         self.iteration = int(sc["iteration"])
         self.wall_time_s = float(sc["wall_time_s"])
@@ -378,6 +478,9 @@ class PPOTrainer:
         self.episode_returns = collections.deque(sc["episode_returns"], maxlen=100)
         self.episode_lengths = collections.deque(sc["episode_lengths"], maxlen=100)
         self.rng.bit_generator.state = sc["rng"]
+        if self.config.ppo.batch_size == "auto" and sc.get("batch_size"):
+            self.batch_size = int(sc["batch_size"])  # resume with the size chosen before, no new probe
+            self.auto_batch = sc.get("auto_batch")
         if self.obs_normalizer is not None and sc.get("obs_normalizer"):
             self.obs_normalizer.load_state_dict(sc["obs_normalizer"])
         if self.reward_scaler is not None and sc.get("reward_scaler"):

@@ -34,10 +34,12 @@ METRIC_COLUMNS = [
     "iteration", "global_step", "wall_time_s", "steps_per_second", "episode_return_mean", "episode_length_mean",
     "episodes", "loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
     "explained_variance", "learning_rate", "clip_range", "n_updates", "early_stopped", "rollout_time_s",
-    "update_time_s",
+    "update_time_s", "share_env", "share_act", "share_update", "share_comm", "share_other", "update_samples_per_s",
+    "batch_size",
 ]
 # columns that depend on the machine's speed, not on the maths (excluded from reproducibility checks)
-TIMING_COLUMNS = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s"}
+TIMING_COLUMNS = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s", "share_env", "share_act",
+                  "share_update", "share_comm", "share_other", "update_samples_per_s"}
 
 
 def peak_rss_mb() -> float:
@@ -107,6 +109,40 @@ class ProgressBar(Callback):
             self.bar.close()
 
 
+class ProfileIterations(Callback):
+    """Record ``n`` iterations with MindSpore's profiler into ``directory`` (skipping the first, compiling, one)."""
+
+    def __init__(self, directory: str, n: int):
+        self.directory, self.n = directory, n
+        self.prof = None
+        self.recorded = 0
+        self.done = False
+
+    def on_iteration_end(self, trainer, metrics):
+        if self.done:
+            return None
+        if self.prof is None:
+            from mindspore import Profiler
+
+            os.makedirs(self.directory, exist_ok=True)
+            self.prof = Profiler(output_path=self.directory, start_profile=False)
+            self.prof.start()
+            return None
+        self.recorded += 1
+        if self.recorded >= self.n:
+            self._finish()
+        return None
+
+    def on_training_end(self, trainer):
+        if self.prof is not None and not self.done:
+            self._finish()
+
+    def _finish(self):
+        self.prof.stop()
+        self.prof.analyse()
+        self.done = True
+
+
 def _fmt(v):
     if isinstance(v, float):
         return repr(v)
@@ -164,8 +200,13 @@ def default_run_dir(cfg: Config) -> str:
 
 
 def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resume: Optional[str] = None,
-              until: Optional[int] = None, progress: Optional[bool] = None, log=print) -> dict:
-    """Train a new run in ``run_dir`` or continue ``resume``; returns the summary dict."""
+              until: Optional[int] = None, progress: Optional[bool] = None, log=print, profile: int = 0) -> dict:
+    """Train a new run in ``run_dir`` or continue ``resume``; returns the summary dict.
+
+    ``profile=N`` records N iterations (after the first) with MindSpore's profiler into ``<run_dir>/profile``.
+    """
+    if profile < 0:
+        raise ConfigError(f"--profile: must be >= 0, got {profile}")
     if resume is not None:
         run_dir = resume
         cfg_path = os.path.join(run_dir, "config.yaml")
@@ -207,6 +248,8 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
     show = cfg.run.progress if progress is None else progress
     if show:
         callbacks.append(ProgressBar(cfg.run.total_steps))
+    if profile > 0:
+        callbacks.append(ProfileIterations(os.path.join(run_dir, "profile"), profile))
     try:
         trainer.learn(callbacks=callbacks, until=until)
     finally:
@@ -231,8 +274,12 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         "peak_rss_mb": peak_rss_mb(),
         "param_sha256": trainer.parameters_sha256(),
         "device": trainer.sandbox.device,
-        "graph_calls_per_iteration": cfg.ppo.n_steps + 1 + cfg.ppo.n_epochs * (cfg.ppo.n_steps * cfg.env.num_envs // cfg.ppo.batch_size),
+        "batch_size": trainer.batch_size,
+        "graph_calls_per_iteration": None if trainer.batch_size is None else
+        cfg.ppo.n_steps + 1 + cfg.ppo.n_epochs * (cfg.ppo.n_steps * cfg.env.num_envs // trainer.batch_size),
     }
+    if trainer.auto_batch is not None:
+        summary["auto_batch"] = trainer.auto_batch
     if completed and cfg.run.eval_episodes > 0:
         from .evaluation import evaluate_policy
         import numpy as np
@@ -241,6 +288,9 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         summary.update({"eval_mean_return": float(np.mean(rets)), "eval_std_return": float(np.std(rets)),
                         "eval_episodes": len(rets)})
     summary = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
+    if trainer.auto_batch is not None:
+        log("dynamic batching: " + ", ".join(f"{r['batch_size']}: {r['samples_per_s']:.0f} samples/s ({r['status']})"
+                                             for r in trainer.auto_batch["table"]) + f" -> {trainer.batch_size}")
     atomic_write_json(os.path.join(run_dir, "summary.json"), summary)
     trainer.close()
     return {**summary, "run_dir": run_dir}

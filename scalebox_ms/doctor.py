@@ -1,0 +1,170 @@
+"""``python -m scalebox_ms.doctor [--json]``: is this machine ready to run scalebox_ms?
+
+Checks, each reported as ``ok`` / ``warn`` / ``fail`` with a detail:
+
+* ``python``, ``mindspore``, ``numpy`` (numpy >= 2 with MindSpore 2.10 fails: the wheel is built against
+  numpy 1.x), ``gymnasium``;
+* ``threads``: CPU count, the CPUs this process may use, ``MS_DEV_HOST_BLOCKING_RUN``;
+* ``backend:<name>`` for each backend MindSpore reports available: in a fresh subprocess (device settings are
+  process-global), compile a small Dense layer's forward + gradient with ``@ms.jit`` and compare it with numpy;
+* on GPU: the CUDA version (``nvidia-smi``); on Ascend: driver and CANN versions from their version files and
+  ``npu-smi info``, with a warning when one is missing.
+
+Exit code 0 when the CPU backend (at least) passes and nothing fails, 1 otherwise. ``--json`` prints one object
+``{"usable": bool, "checks": [{"name", "status", "detail"}, ...]}``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+from .cli_common import OneLineArgumentParser
+
+
+_TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
+
+
+def _check(name: str, status: str, detail: str) -> Dict[str, str]:
+    return {"name": name, "status": status, "detail": detail}
+
+
+def numpy_check(numpy_version: str, mindspore_version: Optional[str]) -> Dict[str, str]:
+    major = int(numpy_version.split(".")[0])
+    if mindspore_version and mindspore_version.startswith("2.10") and major >= 2:
+        return _check("numpy", "fail", f"numpy {numpy_version} with mindspore {mindspore_version}: the wheel is built "
+                                       "against numpy 1.x (fp16/bf16 ops break); pip install 'numpy>=1.26,<2'")
+    return _check("numpy", "ok", numpy_version)
+
+
+def _version(module: str) -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:
+        return None
+
+
+def _run(cmd: List[str], timeout: float = 60) -> Optional[str]:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def backend_check(name: str, timeout: float = 180) -> Dict[str, str]:
+    """Compile and run a Dense forward + gradient on ``name`` in a fresh process; compare with numpy."""
+    target = _TARGETS[name]
+    env = dict(os.environ, GLOG_v="3")
+    try:
+        out = subprocess.run([sys.executable, "-m", "scalebox_ms._backend_probe", target], capture_output=True,
+                             text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return _check(f"backend:{name}", "fail", f"probe did not finish within {timeout:.0f} s")
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return _check(f"backend:{name}", "fail", f"probe crashed: {last[:200]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if not res["ok"]:
+        return _check(f"backend:{name}", "fail", "compiled forward/gradient differ from numpy")
+    return _check(f"backend:{name}", "ok", f"jit forward + gradient match numpy ({res['seconds']:.1f} s incl. compile)")
+
+
+def available_backends() -> List[str]:
+    import mindspore as ms
+
+    found = ["cpu"]
+    for name in ("gpu", "ascend"):
+        try:
+            if ms.hal.is_available(_TARGETS[name]):
+                found.append(name)
+        except Exception:
+            pass
+    return found
+
+
+def ascend_checks() -> List[Dict[str, str]]:
+    checks = []
+    driver = "/usr/local/Ascend/driver/version.info"
+    cann_candidates = ["/usr/local/Ascend/ascend-toolkit/latest/version.cfg",
+                       "/usr/local/Ascend/ascend-toolkit/latest/compiler/version.info"]
+    for label, paths in (("ascend-driver", [driver]), ("cann", cann_candidates)):
+        found = next((p for p in paths if os.path.exists(p)), None)
+        if found is None:
+            checks.append(_check(label, "warn", f"version file not found ({', '.join(paths)})"))
+            continue
+        with open(found, encoding="utf-8", errors="replace") as f:
+            line = next((l.strip() for l in f if "version" in l.lower()), "unknown")
+        checks.append(_check(label, "ok", f"{line} ({found})"))
+    smi = _run(["npu-smi", "info"])
+    checks.append(_check("npu-smi", "ok" if smi else "warn",
+                         (smi.strip().splitlines()[1][:200] if smi and len(smi.splitlines()) > 1 else "npu-smi info failed")))
+    return checks
+
+
+def gpu_checks() -> List[Dict[str, str]]:
+    out = _run(["nvidia-smi"])
+    if not out:
+        return [_check("cuda", "warn", "nvidia-smi not found or failed")]
+    line = next((l for l in out.splitlines() if "CUDA Version" in l), "")
+    cuda = line.split("CUDA Version:")[-1].strip(" |") if line else "unknown"
+    return [_check("cuda", "ok", f"CUDA {cuda} (driver's nvidia-smi)")]
+
+
+def diagnose() -> Dict:
+    checks = [_check("python", "ok", platform.python_version())]
+    ms_version = _version("mindspore")
+    if ms_version is None:
+        checks.append(_check("mindspore", "fail", "not installed: pip install mindspore==2.10.0"))
+        return {"usable": False, "checks": checks}
+    checks.append(_check("mindspore", "ok", ms_version))
+    import numpy
+
+    checks.append(numpy_check(numpy.__version__, ms_version))
+    gym = _version("gymnasium")
+    checks.append(_check("gymnasium", "ok" if gym else "fail", gym or "not installed"))
+    try:
+        usable_cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        usable_cpus = os.cpu_count()
+    blocking = os.environ.get("MS_DEV_HOST_BLOCKING_RUN", "unset (scalebox_ms sets 1)")
+    checks.append(_check("threads", "ok", f"{os.cpu_count()} CPUs, {usable_cpus} usable; "
+                                          f"MS_DEV_HOST_BLOCKING_RUN={blocking}"))
+    backends = available_backends()
+    checks.append(_check("devices", "ok", "available backends: " + ", ".join(backends)))
+    for name in backends:
+        checks.append(backend_check(name))
+    if "gpu" in backends:
+        checks += gpu_checks()
+    if "ascend" in backends:
+        checks += ascend_checks()
+    cpu_ok = any(c["name"] == "backend:cpu" and c["status"] == "ok" for c in checks)
+    usable = cpu_ok and not any(c["status"] == "fail" for c in checks)
+    return {"usable": usable, "checks": checks}
+
+
+def main(argv=None) -> int:
+    p = OneLineArgumentParser(prog="python -m scalebox_ms.doctor", description="Check this machine for scalebox_ms.")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+    os.environ.setdefault("GLOG_v", "3")
+    report = diagnose()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for c in report["checks"]:
+            print(f"[{c['status']:>4s}] {c['name']:<14s} {c['detail']}")
+        print("usable" if report["usable"] else "NOT usable")
+    return 0 if report["usable"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

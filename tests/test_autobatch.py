@@ -1,0 +1,89 @@
+"""Dynamic batching: the choice logic, probing without side effects, OOM halving, resume."""
+import numpy as np
+import pytest
+
+from conftest import small_config
+from scalebox_ms import ConfigError
+from scalebox_ms.trainers import Callback, PPOTrainer
+from scalebox_ms.trainers.autobatch import candidate_sizes, choose, halve, is_oom_error
+
+
+def test_candidate_sizes():
+    assert candidate_sizes(4096, 64, 1024) == [64, 128, 256, 512, 1024]
+    assert candidate_sizes(256, 64, 1024) == [64, 128, 256]
+    many = candidate_sizes(720720, 1, 720720, limit=6)
+    assert len(many) <= 6 and many[0] == 1 and many[-1] == 720720 and all(720720 % b == 0 for b in many)
+
+
+def test_choose_prefers_throughput_then_smaller_and_respects_oom_and_budget():
+    table = [{"batch_size": 64, "status": "ok", "samples_per_s": 100.0, "est_bytes": 10},
+             {"batch_size": 128, "status": "ok", "samples_per_s": 300.0, "est_bytes": 20},
+             {"batch_size": 256, "status": "ok", "samples_per_s": 300.0, "est_bytes": 40},
+             {"batch_size": 512, "status": "oom", "samples_per_s": 0.0, "est_bytes": 80}]
+    assert choose(table) == 128
+    assert choose(table, budget_bytes=15) == 64
+    with pytest.raises(RuntimeError):
+        choose(table, budget_bytes=5)
+
+
+def test_halve_and_oom_detection():
+    assert halve(256, 256, 64) == 128
+    assert halve(96, 96, 16) == 48 and halve(48, 96, 16) == 24 and halve(24, 96, 16) is None
+    assert is_oom_error(RuntimeError("Device(id:0) Out of memory, malloc failed"))
+    assert is_oom_error(MemoryError())
+    assert not is_oom_error(RuntimeError("shape mismatch"))
+
+
+def test_auto_config_validation():
+    with pytest.raises(ConfigError, match="no size in"):
+        PPOTrainer(small_config(), batch_size="auto", min_batch=100, max_batch=120)
+    with pytest.raises(ConfigError, match="must be an integer or 'auto'"):
+        PPOTrainer(small_config(), batch_size="big")
+
+
+def test_probing_leaves_training_identical_to_the_chosen_fixed_size(tmp_path):
+    auto = PPOTrainer(small_config(), batch_size="auto", min_batch=16, max_batch=64)
+    auto.learn(until=128)
+    table = auto.auto_batch["table"]
+    assert [r["batch_size"] for r in table] == [16, 32, 64] and all(r["samples_per_s"] > 0 for r in table)
+    chosen = auto.batch_size
+    assert chosen == auto.auto_batch["chosen"] in (16, 32, 64)
+    fixed = PPOTrainer(small_config(), batch_size=chosen)
+    fixed.learn(until=128)
+    assert auto.parameters_sha256() == fixed.parameters_sha256()  # probes restored params and optimizer state
+    path = auto.save(str(tmp_path / "ck"))
+    resumed = PPOTrainer(small_config(), batch_size="auto", min_batch=16, max_batch=64).load(path)
+    assert resumed.batch_size == chosen and resumed.auto_batch["table"] == table  # no new probe
+    for t in (auto, fixed, resumed):
+        t.close()
+
+
+def test_out_of_memory_halves_and_redoes_the_update():
+    tr = PPOTrainer(small_config(), batch_size="auto", min_batch=16, max_batch=64)
+    tr.batch_size, tr.auto_batch = 64, {"chosen": 64, "table": [], "events": []}  # as if probed earlier
+    real = tr.update_step
+    limit = {"max": 64}
+
+    class Flaky:  # the compiled update step, failing like a full device above limit["max"]
+        def __call__(self, *args):
+            if args[2].shape[0] > limit["max"]:
+                raise RuntimeError("Out of memory: malloc device memory failed")
+            return real(*args)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    tr.update_step = Flaky()
+
+    class Squeeze(Callback):
+        def on_iteration_end(self, trainer, metrics):
+            limit["max"] = 16  # the device gets fuller: the next update fails at 64, then at 32
+
+    tr.learn(until=192, callbacks=[Squeeze()])
+    assert tr.auto_batch["events"] == [{"global_step": 64, "oom_at": 64, "retry_with": 32},
+                                       {"global_step": 64, "oom_at": 32, "retry_with": 16}]
+    assert tr.global_step == 192 and tr.batch_size == 16
+    limit["max"] = 8
+    with pytest.raises(RuntimeError, match="Out of memory"):  # below min_batch: the error surfaces
+        tr.learn(until=256)
+    tr.close()

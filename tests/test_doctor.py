@@ -1,0 +1,21 @@
+import json
+
+from conftest import run_module
+from scalebox_ms.doctor import numpy_check
+
+
+def test_doctor_json_reports_a_working_cpu_backend():
+    r = run_module("doctor", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    assert report["usable"] is True
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["backend:cpu"]["status"] == "ok" and "match numpy" in checks["backend:cpu"]["detail"]
+    assert checks["numpy"]["status"] == "ok" and checks["numpy"]["detail"].startswith("1.")
+    assert {"python", "mindspore", "gymnasium", "threads", "devices"} <= set(checks)
+
+
+def test_numpy_2_with_mindspore_2_10_is_a_failure():
+    assert numpy_check("2.1.3", "2.10.0")["status"] == "fail"
+    assert numpy_check("1.26.4", "2.10.0")["status"] == "ok"
+    assert numpy_check("2.1.3", "2.11.0")["status"] == "ok"
