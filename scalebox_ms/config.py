@@ -87,8 +87,18 @@ class RunConfig:
 @dataclass
 class SandboxConfig:
     device: str = "auto"
+    device_id: int = 0
     threads: int = 0
     deterministic: bool = True
+    #: 'none': envs in this process; 'process': each env in a worker process, restarted on crash/hang;
+    #: 'strict': 'process' + worker_memory_limit + deterministic kernels
+    isolation_level: str = "none"
+    #: limit for this process ("512MB", "16GB"; null: none). Device memory on GPU/Ascend; RSS watch on CPU
+    memory_limit: Optional[str] = None
+    #: address-space limit of each env worker under isolation_level 'strict'
+    worker_memory_limit: Optional[str] = "2GB"
+    #: seconds an env worker may take for one step before it is restarted (isolation 'process'/'strict')
+    step_timeout: float = 10.0
 
 
 @dataclass
@@ -181,7 +191,26 @@ _CHOICES = {
     ("ppo", "lr_schedule"): ("constant", "linear"),
     ("ppo", "clip_schedule"): ("constant", "linear"),
     ("sandbox", "device"): ("auto", "cpu", "gpu", "ascend"),
+    ("sandbox", "isolation_level"): ("none", "process", "strict"),
 }
+
+
+def parse_bytes(text: Optional[str], key: str) -> Optional[int]:
+    """'512MB', '16GB', '1.5G', '1024' (bytes) -> int bytes; None stays None."""
+    if text is None:
+        return None
+    units = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30,
+             "T": 2**40, "TB": 2**40}
+    s = str(text).strip().upper().replace(" ", "")
+    num = s.rstrip("KMGTB")
+    unit = s[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0 or not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a size like '512MB' or '16GB', got {text!r}")
+    return int(value * units[unit])
 
 
 def validate(cfg: Config) -> None:
@@ -227,6 +256,12 @@ def validate(cfg: Config) -> None:
     _check(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {r.keep_checkpoints}")
     _check(r.eval_episodes >= 0, "run.eval_episodes", f"must be >= 0, got {r.eval_episodes}")
     _check(s.threads >= 0, "sandbox.threads", f"must be >= 0 (0: automatic), got {s.threads}")
+    _check(s.device_id >= 0, "sandbox.device_id", f"must be >= 0, got {s.device_id}")
+    _check(s.step_timeout > 0, "sandbox.step_timeout", f"must be > 0, got {s.step_timeout}")
+    parse_bytes(s.memory_limit, "sandbox.memory_limit")
+    worker = parse_bytes(s.worker_memory_limit, "sandbox.worker_memory_limit")
+    _check(worker is None or worker >= 256 * 2**20, "sandbox.worker_memory_limit",
+           f"must be at least 256MB (a Python worker with gymnasium needs ~100-200MB), got {s.worker_memory_limit!r}")
 
 
 def _check(ok: bool, key: str, msg: str) -> None:

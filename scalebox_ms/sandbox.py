@@ -9,8 +9,16 @@ build reports the device as available (``mindspore.hal.is_available``); otherwis
 clear error rather than silently running on CPU. ``auto`` picks Ascend, then GPU, then CPU, and says which in
 ``Sandbox.device``.
 
-Memory limits and process isolation are not implemented yet (see the Sandbox issue); MindSpore ignores its
-own memory settings on CPU anyway.
+Memory: on GPU/Ascend ``memory_limit`` caps MindSpore's device memory (``mindspore.runtime.set_memory``). On
+CPU MindSpore ignores memory settings, so the Sandbox watches this process's resident memory
+(:meth:`check_memory`, called by the trainer every iteration: exceeding the limit stops training with an error
+after the last checkpoint) and, with isolation, puts an address-space limit (``RLIMIT_AS``) on env workers.
+
+Isolation: ``'none'`` runs envs in this process; ``'process'`` runs each env in a worker process
+(:class:`scalebox_ms.envs.isolated.IsolatedVectorEnv`): a crashed or hung worker is restarted, its episode
+marked truncated and the event logged; ``'strict'`` adds ``worker_memory_limit`` per worker and forces
+deterministic kernels. Workers are spawned (fresh interpreters inheriting no file descriptors but their pipe).
+Every run directory records package versions and the config hash (``environment.json``).
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, ScaleboxError
 
 # Must be set before MindSpore starts its runtime: without host-blocking runs, compiled steps on a
 # few-core CPU thrash threads (DESIGN.md: ~7,500 -> ~100 context switches per step, 5x faster updates).
@@ -29,6 +37,17 @@ os.environ.setdefault("GLOG_v", "3")  # MindSpore C++ log level: errors only
 
 _BACKENDS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
 _active: Optional[dict] = None  # settings of the Sandbox that configured this process
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc; falls back to the peak)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # pragma: no cover - non-Linux
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _available(target: str) -> bool:
@@ -52,10 +71,23 @@ class Sandbox:
         deterministic: request deterministic kernels where the backend offers them.
     """
 
-    def __init__(self, device: str = "auto", seed: int = 0, threads: int = 0, deterministic: bool = True):
+    def __init__(self, device: str = "auto", seed: int = 0, threads: int = 0, deterministic: bool = True,
+                 memory_limit: Optional[str] = None, isolation_level: str = "none", device_id: int = 0,
+                 worker_memory_limit: Optional[str] = "2GB", step_timeout: float = 10.0):
         global _active
         import mindspore as ms
 
+        from .config import parse_bytes
+
+        if isolation_level not in ("none", "process", "strict"):
+            raise ConfigError(f"sandbox.isolation_level: {isolation_level!r} is not one of none, process, strict")
+        self.isolation_level = isolation_level
+        self.memory_limit_bytes = parse_bytes(memory_limit, "sandbox.memory_limit")
+        self.worker_memory_limit_bytes = (parse_bytes(worker_memory_limit, "sandbox.worker_memory_limit")
+                                          if isolation_level == "strict" else None)
+        self.step_timeout = float(step_timeout)
+        if isolation_level == "strict":
+            deterministic = True
         device = str(device).lower()
         if device not in ("auto",) + tuple(_BACKENDS):
             raise ConfigError(f"sandbox.device: {device!r} is not one of auto, cpu, gpu, ascend")
@@ -66,7 +98,8 @@ class Sandbox:
             if not _available(target):
                 raise ConfigError(
                     f"sandbox.device: {device!r} is not available in this MindSpore build/machine; use 'cpu' or 'auto'")
-        settings = {"device": target, "threads": int(threads), "deterministic": bool(deterministic)}
+        settings = {"device": target, "device_id": int(device_id), "threads": int(threads),
+                    "deterministic": bool(deterministic), "memory_limit": self.memory_limit_bytes}
         if _active is not None and _active != settings:
             raise ConfigError(
                 f"sandbox: this process is already configured as {_active}; a Sandbox with {settings} conflicts "
@@ -77,6 +110,10 @@ class Sandbox:
                 ms.device_context.cpu.op_tuning.threads_num(int(threads))
             if deterministic:
                 ms.set_context(deterministic="ON")
+            if target != "CPU":
+                ms.set_context(device_id=int(device_id))
+                if self.memory_limit_bytes:
+                    ms.runtime.set_memory(max_size=f"{max(1, self.memory_limit_bytes // 2**30)}GB")
             _active = settings
         self.device = target
         self.threads = int(threads)
@@ -91,10 +128,21 @@ class Sandbox:
         np.random.seed(seed % 2**32)
         ms.set_seed(seed)
 
+    def check_memory(self) -> None:
+        """On CPU, raise :class:`ScaleboxError` when this process's resident memory exceeds ``memory_limit``."""
+        if self.memory_limit_bytes is None or self.device != "CPU":
+            return
+        rss = current_rss_bytes()
+        if rss > self.memory_limit_bytes:
+            raise ScaleboxError(f"sandbox.memory_limit: this process uses {rss / 2**20:.0f} MB, more than the limit "
+                                f"of {self.memory_limit_bytes / 2**20:.0f} MB; stopped")
+
     @classmethod
     def from_config(cls, sandbox_cfg, seed: int) -> "Sandbox":
         return cls(device=sandbox_cfg.device, seed=seed, threads=sandbox_cfg.threads,
-                   deterministic=sandbox_cfg.deterministic)
+                   deterministic=sandbox_cfg.deterministic, memory_limit=sandbox_cfg.memory_limit,
+                   isolation_level=sandbox_cfg.isolation_level, device_id=sandbox_cfg.device_id,
+                   worker_memory_limit=sandbox_cfg.worker_memory_limit, step_timeout=sandbox_cfg.step_timeout)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -104,4 +152,5 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return (f"Sandbox(device={self.device!r}, seed={self.seed}, threads={self.threads}, "
-                f"deterministic={self.deterministic})")
+                f"deterministic={self.deterministic}, isolation_level={self.isolation_level!r}, "
+                f"memory_limit={self.memory_limit_bytes})")

@@ -144,3 +144,22 @@ def test_crash_before_first_interval_checkpoint_is_resumable(tmp_path):
     run_dir = tmp_path / "run"
     train("--total-steps", 256, "--until", 1, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
     assert "ckpt_000000000000.json" in os.listdir(run_dir / "checkpoints")
+
+
+def test_profile_flag_writes_mindspore_profiler_output(tmp_path):
+    run_dir = tmp_path / "run"
+    train("--total-steps", 256, "--run-dir", run_dir, "--profile", 2, "--set", "run.eval_episodes=0")
+    found = [os.path.join(d, f) for d, _, files in os.walk(run_dir / "profile") for f in files]
+    assert any(f.endswith("cpu_op_type_info_0.csv") for f in found), found
+    r = run_module("train", "--profile", "-1", "--run-dir", tmp_path / "bad", "--no-progress")
+    assert r.returncode == 2 and "--profile" in r.stderr and not (tmp_path / "bad").exists()
+
+
+def test_auto_batch_from_the_cli_is_recorded(tmp_path):
+    run_dir = tmp_path / "run"
+    summary = train("--total-steps", 128, "--run-dir", run_dir, "--set", "ppo.batch_size=auto",
+                    "--set", "ppo.min_batch=16", "--set", "ppo.max_batch=64", "--set", "run.eval_episodes=0")
+    assert summary["batch_size"] in (16, 32, 64)
+    assert [r["batch_size"] for r in summary["auto_batch"]["table"]] == [16, 32, 64]
+    rows = metrics_rows(run_dir)
+    assert all(int(r["batch_size"]) == summary["batch_size"] for r in rows)

@@ -7,24 +7,43 @@ handled.
 """
 from __future__ import annotations
 
+import importlib
+from typing import Optional
+
 import numpy as np
 
 from ..errors import ConfigError
 from ..models.actor_critic import SpaceSpec
 
 
-def make_vec_env(env_id: str, num_envs: int, kwargs=None):
+def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none", step_timeout: float = 10.0,
+                 worker_memory_limit: Optional[int] = None):
+    """A NEXT_STEP vector env; ``isolation`` 'process'/'strict' puts each sub-env in its own worker process."""
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
     kwargs = dict(kwargs or {})
+    registered_id = env_id
+    if ":" in env_id:  # gymnasium's "module:Env-v0": import the module that registers the env
+        module, registered_id = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"env.id: {env_id!r}: cannot import {module!r} ({exc})") from None
     try:
-        spec = gym.spec(env_id)
+        spec = gym.spec(registered_id)
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: unknown environment {env_id!r} ({_first_line(exc)})") from None
     try:
-        mode = "vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode") else "sync"
-        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+        if isolation in ("process", "strict"):
+            from .isolated import IsolatedVectorEnv
+
+            env = IsolatedVectorEnv(env_id, num_envs, kwargs, step_timeout=step_timeout,
+                                    memory_limit_bytes=worker_memory_limit)
+        else:
+            mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
+                    else "sync")
+            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
         raise ConfigError(f"env.id: {env_id!r} needs an optional dependency ({_first_line(exc)})") from None
     except (gym.error.Error, TypeError, ValueError) as exc:

@@ -80,7 +80,10 @@ class PPOTrainer:
         from .ppo_update import PPOUpdateStep
 
         e, p = config.env, config.ppo
-        self.env = make_vec_env(e.id, e.num_envs, e.kwargs)
+        sb = self.sandbox
+        self.env = make_vec_env(e.id, e.num_envs, e.kwargs, isolation=getattr(sb, "isolation_level", "none"),
+                                step_timeout=getattr(sb, "step_timeout", 10.0),
+                                worker_memory_limit=getattr(sb, "worker_memory_limit_bytes", None))
         self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id)
         self.model = build_model(self.spec, config.policy)
         self.act_step = ActStep(self.model)
@@ -213,7 +216,11 @@ class PPOTrainer:
                 "update_samples_per_s": stats["n_updates"] * self.batch_size / t_update if t_update > 0 else 0.0,
                 "batch_size": self.batch_size,
             }
+            if getattr(self.env, "events", None) is not None:
+                metrics["env_restarts"] = len(self.env.events)
             self._last_metrics = metrics
+            if hasattr(self.sandbox, "check_memory"):
+                self.sandbox.check_memory()
             stop = False
             for cb in callbacks:
                 if cb.on_iteration_end(self, metrics) is False:

@@ -35,7 +35,7 @@ METRIC_COLUMNS = [
     "episodes", "loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
     "explained_variance", "learning_rate", "clip_range", "n_updates", "early_stopped", "rollout_time_s",
     "update_time_s", "share_env", "share_act", "share_update", "share_comm", "share_other", "update_samples_per_s",
-    "batch_size",
+    "batch_size", "env_restarts",
 ]
 # columns that depend on the machine's speed, not on the maths (excluded from reproducibility checks)
 TIMING_COLUMNS = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s", "share_env", "share_act",
@@ -139,7 +139,15 @@ class ProfileIterations(Callback):
 
     def _finish(self):
         self.prof.stop()
-        self.prof.analyse()
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:  # the analysis (and its worker processes) print progress on fd 1: keep stdout for our JSON
+            os.dup2(2, 1)
+            self.prof.analyse()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
         self.done = True
 
 
@@ -195,6 +203,22 @@ def _truncate_metrics(path: str, global_step: int) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
+def environment_record(cfg: Config, trainer) -> dict:
+    """What a reproduction needs: package versions, platform, config hash and the sandbox in force."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "packages": {n: v(n) for n in ("scalebox_ms", "mindspore", "numpy", "gymnasium", "pyyaml")},
+            "config_sha256": cfg.hash(), "sandbox": repr(trainer.sandbox)}
+
+
 def default_run_dir(cfg: Config) -> str:
     return os.path.join("runs", f"{cfg.env.id}_seed{cfg.run.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -232,6 +256,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         try:
             os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
             atomic_write_text(os.path.join(run_dir, "config.yaml"), cfg.to_yaml())
+            atomic_write_json(os.path.join(run_dir, "environment.json"), environment_record(cfg, trainer))
         except OSError as exc:
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -280,6 +305,8 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
     }
     if trainer.auto_batch is not None:
         summary["auto_batch"] = trainer.auto_batch
+    if getattr(trainer.env, "events", None) is not None:
+        summary["env_events"] = list(trainer.env.events)  # isolated workers restarted (crash/timeout/memory)
     if completed and cfg.run.eval_episodes > 0:
         from .evaluation import evaluate_policy
         import numpy as np

@@ -1,0 +1,200 @@
+"""Process-isolated vector env: each sub-env in its own worker process, restarted when it crashes or hangs.
+
+``IsolatedVectorEnv(env_id, num_envs, kwargs, step_timeout=10.0, memory_limit_bytes=None, seed=0)`` follows
+gymnasium 1.x's vector API with ``AutoresetMode.NEXT_STEP`` semantics, like the in-process envs:
+
+* Workers are started with the ``spawn`` method: a fresh interpreter that inherits no file descriptors but the
+  pipe to the parent (and none of MindSpore's threads).
+* ``memory_limit_bytes`` sets ``RLIMIT_AS`` in each worker, so a sub-env that allocates past it fails inside
+  its own process (MindSpore ignores memory limits on CPU; this is how the Sandbox enforces one there).
+* If a worker dies (crash, memory limit, killed) or does not answer within ``step_timeout`` seconds, it is
+  terminated and replaced by a fresh worker whose env is reset with a new seed. That step reports the
+  sub-env's episode as **truncated** with reward 0 and the last observation it produced; the following step is
+  the usual NEXT_STEP autoreset step (the fresh reset observation, reward 0). Each event is logged and kept in
+  ``events`` (``{"env": i, "kind": "crash"|"timeout"|"memory", "detail": ...}``).
+
+The parent process never runs env code, so a segfaulting or hanging env cannot take the training run down.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import resource
+import traceback
+from typing import List, Optional
+
+import numpy as np
+
+log = logging.getLogger("scalebox_ms")
+
+
+def _worker(conn, env_id: str, kwargs: dict, memory_limit: Optional[int]) -> None:  # runs in the child
+    if memory_limit:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    try:
+        import gymnasium as gym
+
+        env = gym.make(env_id, **kwargs)
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "reset":
+                conn.send(("ok", env.reset(seed=arg)))
+            elif cmd == "step":
+                conn.send(("ok", env.step(arg)))
+            elif cmd == "spaces":
+                conn.send(("ok", (env.observation_space, env.action_space)))
+            elif cmd == "close":
+                env.close()
+                conn.send(("ok", None))
+                return
+    except MemoryError:
+        conn.send(("memory", "MemoryError (worker memory limit reached)"))
+    except (EOFError, KeyboardInterrupt):
+        return
+    except BaseException as exc:  # report the env's own error instead of dying silently
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"[:300] + "\n" + traceback.format_exc(limit=3)[-600:]))
+        except Exception:
+            pass
+
+
+class WorkerFailure(Exception):
+    def __init__(self, kind: str, detail: str):
+        super().__init__(detail)
+        self.kind, self.detail = kind, detail
+
+
+class _Worker:
+    def __init__(self, ctx, env_id, kwargs, memory_limit):
+        self.parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, env_id, kwargs, memory_limit), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def call(self, cmd, arg, timeout: float):
+        try:
+            self.parent.send((cmd, arg))
+            if not self.parent.poll(timeout):
+                raise WorkerFailure("timeout", f"no answer to {cmd!r} within {timeout:g} s")
+            status, payload = self.parent.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            self.proc.join(timeout=1)
+            raise WorkerFailure("crash", f"worker process died (exit code {self.proc.exitcode})") from None
+        if status == "ok":
+            return payload
+        raise WorkerFailure("memory" if status == "memory" else "crash", payload)
+
+    def kill(self):
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.parent.close()
+
+
+class IsolatedVectorEnv:
+    """N sub-envs in N worker processes; see the module docstring."""
+
+    metadata = {"autoreset_mode": "NextStep"}
+
+    def __init__(self, env_id: str, num_envs: int, kwargs: Optional[dict] = None, step_timeout: float = 10.0,
+                 memory_limit_bytes: Optional[int] = None, start_timeout: float = 60.0):
+        from gymnasium.vector import AutoresetMode
+        from gymnasium.vector.utils import batch_space
+
+        self.env_id, self.num_envs, self.kwargs = env_id, int(num_envs), dict(kwargs or {})
+        self.step_timeout, self.memory_limit = float(step_timeout), memory_limit_bytes
+        self.start_timeout = float(start_timeout)
+        self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+        self._ctx = mp.get_context("spawn")
+        self.events: List[dict] = []
+        self._workers = [self._start() for _ in range(self.num_envs)]
+        obs_space, act_space = self._workers[0].call("spaces", None, self.start_timeout)
+        self.single_observation_space, self.single_action_space = obs_space, act_space
+        self.observation_space = batch_space(obs_space, self.num_envs)
+        self.action_space = batch_space(act_space, self.num_envs)
+        self._last_obs = [None] * self.num_envs
+        self._needs_reset = np.zeros(self.num_envs, bool)
+        self._reseed = np.random.default_rng(0)
+
+    def _start(self) -> _Worker:
+        return _Worker(self._ctx, self.env_id, self.kwargs, self.memory_limit)
+
+    def _replace(self, i: int, failure: WorkerFailure) -> None:
+        self._workers[i].kill()
+        event = {"env": i, "kind": failure.kind, "detail": failure.detail.splitlines()[0][:300]}
+        self.events.append(event)
+        log.warning("isolated env %d (%s): %s -> worker restarted, episode truncated", i, failure.kind, event["detail"])
+        self._workers[i] = self._start()
+        self._needs_reset[i] = True
+
+    def reset(self, seed=None, options=None):
+        seeds = [None] * self.num_envs if seed is None else [int(seed) + i for i in range(self.num_envs)]
+        obs, infos = [], {}
+        for i, w in enumerate(self._workers):
+            try:
+                o, _ = w.call("reset", seeds[i], self.start_timeout)
+            except WorkerFailure as failure:
+                self._replace(i, failure)
+                o, _ = self._workers[i].call("reset", seeds[i], self.start_timeout)
+            self._last_obs[i] = o
+            obs.append(o)
+        self._needs_reset[:] = False
+        return np.stack(obs), infos
+
+    def step(self, actions):
+        actions = np.asarray(actions)
+        n = self.num_envs
+        obs, rewards = [None] * n, np.zeros(n, np.float64)
+        terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
+        for i, w in enumerate(self._workers):  # send all, then collect: the sub-envs step concurrently
+            if not self._needs_reset[i]:
+                try:
+                    w.parent.send(("step", actions[i]))
+                except (BrokenPipeError, OSError):
+                    pass  # noticed when collecting
+        for i, w in enumerate(self._workers):
+            if self._needs_reset[i]:  # NEXT_STEP autoreset (after an episode end or a restart)
+                seed = int(self._reseed.integers(2**31))
+                try:
+                    o, _ = w.call("reset", seed, self.start_timeout)
+                except WorkerFailure as failure:
+                    self._replace(i, failure)
+                    o, _ = self._workers[i].call("reset", seed, self.start_timeout)
+                self._needs_reset[i] = False
+                obs[i] = self._last_obs[i] = o
+                continue
+            try:
+                if not w.parent.poll(self.step_timeout):
+                    raise WorkerFailure("timeout", f"step took longer than {self.step_timeout:g} s")
+                status, payload = w.parent.recv()
+                if status != "ok":
+                    raise WorkerFailure("memory" if status == "memory" else "crash", payload)
+            except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+                w.proc.join(timeout=1)
+                failure = WorkerFailure("crash", f"worker process died (exit code {w.proc.exitcode})")
+                self._replace(i, failure)
+                obs[i], truncated[i] = self._last_obs[i], True
+                continue
+            except WorkerFailure as failure:
+                self._replace(i, failure)
+                obs[i], truncated[i] = self._last_obs[i], True
+                continue
+            o, r, term, trunc, _ = payload
+            obs[i] = self._last_obs[i] = o
+            rewards[i], terminated[i], truncated[i] = r, term, trunc
+            if term or trunc:
+                self._needs_reset[i] = True
+        return np.stack(obs), rewards, terminated, truncated, {}
+
+    def close(self) -> None:
+        for w in self._workers:
+            try:
+                if w.proc.is_alive():
+                    w.call("close", None, 2.0)
+            except WorkerFailure:
+                pass
+            w.kill()
+        self._workers = []
+
+    def __getstate__(self):  # processes cannot be pickled: checkpoints resume isolated envs with fresh episodes
+        raise TypeError("IsolatedVectorEnv holds worker processes and cannot be pickled")

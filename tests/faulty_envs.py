@@ -1,0 +1,35 @@
+"""CartPole variants that crash, hang or blow their memory at a given step (for isolation tests).
+
+Used as env ids ``faulty_envs:CrashingCartPole-v0`` etc.: gymnasium imports this module (registering the
+envs) in each worker process. The fault fires once per process, at step ``at`` of the process's life.
+"""
+import os
+import time
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+
+class FaultyCartPole(CartPoleEnv):
+    def __init__(self, fault: str = "crash", at: int = 5, **kw):
+        super().__init__(**kw)
+        self.fault, self.at, self.steps = fault, at, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.at and os.environ.get("FAULTY_ENVS_OFF") != "1":
+            if self.fault == "crash":
+                os._exit(3)  # like a segfault in native env code: no exception, the process is gone
+            if self.fault == "hang":
+                time.sleep(3600)
+            if self.fault == "memory":
+                blob = bytearray(8 * 2**30)  # 8 GB: past the worker's address-space limit
+                blob[0] = 1
+            if self.fault == "raise":
+                raise ValueError("env bug")
+        return super().step(action)
+
+
+for name, fault in [("Crashing", "crash"), ("Hanging", "hang"), ("MemoryHog", "memory"), ("Raising", "raise")]:
+    gym.register(f"{name}CartPole-v0", entry_point=FaultyCartPole, kwargs={"fault": fault, "at": 5},
+                 max_episode_steps=500)

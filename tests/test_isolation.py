@@ -1,0 +1,101 @@
+"""Sandbox isolation: env workers that crash, hang or overrun their memory are restarted, not fatal."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import small_config
+from scalebox_ms import ConfigError, ScaleboxError
+from scalebox_ms.config import parse_bytes
+from scalebox_ms.envs import IsolatedVectorEnv
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
+
+def drive(env, steps=12):
+    env.reset(seed=0)
+    flags = []
+    for _ in range(steps):
+        obs, rew, term, trunc, _ = env.step(np.zeros(env.num_envs, np.int64))
+        assert obs.shape == (env.num_envs, 4)
+        flags.append((term.copy(), trunc.copy(), rew.copy()))
+    return flags
+
+
+@pytest.mark.parametrize("env_id, kind, kwargs", [
+    ("faulty_envs:CrashingCartPole-v0", "crash", {}),
+    ("faulty_envs:RaisingCartPole-v0", "crash", {}),
+    ("faulty_envs:HangingCartPole-v0", "timeout", {"step_timeout": 2.0}),
+    ("faulty_envs:MemoryHogCartPole-v0", "memory", {"memory_limit_bytes": 1 * 2**30}),
+])
+def test_faulty_worker_is_restarted_and_its_episode_truncated(env_id, kind, kwargs):
+    env = IsolatedVectorEnv(env_id, 2, **kwargs)
+    try:
+        flags = drive(env, steps=9)  # a restarted worker would fault again at its own 5th step (step 11)
+        # both workers fault at their 5th step: truncated, reward 0, then the NEXT_STEP autoreset step
+        term, trunc, rew = flags[4]
+        assert trunc.all() and not term.any() and (rew == 0).all()
+        assert {e["kind"] for e in env.events} == {kind} and len(env.events) == 2
+        assert all(w.proc.is_alive() for w in env._workers)  # fresh workers carry on
+        assert all(f[2].all() for f in flags[6:9])  # normal rewards again after the restart
+    finally:
+        env.close()
+
+
+def test_isolated_env_matches_gymnasium_sync_vector_env_without_faults():
+    import gymnasium as gym
+
+    a = IsolatedVectorEnv("CartPole-v1", 2)
+    b = gym.make_vec("CartPole-v1", 2, vectorization_mode="sync")  # also seeds sub-env i with seed + i
+    try:
+        oa, _ = a.reset(seed=5)
+        ob, _ = b.reset(seed=5)
+        np.testing.assert_array_equal(oa, ob)
+        for _ in range(5):
+            act = np.array([0, 1])
+            ra, rb = a.step(act), b.step(act)
+            np.testing.assert_allclose(ra[0], rb[0], rtol=1e-6)
+            assert (ra[2] == rb[2]).all() and (ra[3] == rb[3]).all()
+    finally:
+        a.close(), b.close()
+
+
+def test_trainer_survives_crashing_envs_and_logs_restarts(tmp_path):
+    from scalebox_ms.trainers import PPOTrainer
+
+    cfg = small_config(env={"id": "faulty_envs:CrashingCartPole-v0", "num_envs": 2}, ppo={"batch_size": 16},
+                       sandbox={"isolation_level": "strict", "worker_memory_limit": "1GB"}, run={"total_steps": 64})
+    tr = PPOTrainer(cfg)
+    assert tr.sandbox.worker_memory_limit_bytes == 2**30 and tr.sandbox.deterministic
+    tr.learn()
+    assert tr.global_step == 64 and tr._last_metrics["env_restarts"] >= 2
+    tr.close()
+
+
+def test_memory_limit_parsing_and_rss_watch():
+    assert parse_bytes("512MB", "k") == 512 * 2**20 and parse_bytes("1.5G", "k") == int(1.5 * 2**30)
+    for bad in ("lots", "-1GB", "12XB", "0"):
+        with pytest.raises(ConfigError, match="expected a size"):
+            parse_bytes(bad, "sandbox.memory_limit")
+    with pytest.raises(ConfigError, match="worker_memory_limit"):
+        small_config(sandbox={"worker_memory_limit": "10MB"})
+    from scalebox_ms.trainers import PPOTrainer
+
+    tr = PPOTrainer(small_config())
+    tr.sandbox.memory_limit_bytes = 50 * 2**20  # far below MindSpore's own footprint
+    with pytest.raises(ScaleboxError, match="sandbox.memory_limit"):
+        tr.learn()
+    tr.close()
+
+
+def test_conflicting_sandbox_is_refused():
+    from scalebox_ms.sandbox import Sandbox
+
+    Sandbox(device="auto")
+    with pytest.raises(ConfigError, match="conflicts"):
+        Sandbox(device="cpu", threads=1)
+    with pytest.raises(ConfigError, match="not available"):
+        Sandbox(device="ascend")
