@@ -13,10 +13,11 @@ Usage:  python benchmarks/autobatch.py [--iterations 8] [--out benchmarks/result
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
+
+from scalebox_ms.fileio import atomic_write_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -62,11 +63,7 @@ def main() -> None:
               f"{r['first_iteration_s']:16.2f}")
     auto = results[-1]
     print("auto probe: " + ", ".join(f"{p['batch_size']}: {p['samples_per_s']:.0f}/s" for p in auto["probe"]))
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"results": results, "date": time.strftime("%Y-%m-%d %H:%M")}, f, indent=2)
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, {"results": results, "date": time.strftime("%Y-%m-%d %H:%M")})
     print(f"wrote {args.out}")
 
 

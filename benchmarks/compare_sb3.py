@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from scalebox_ms.fileio import atomic_write_json  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 EVAL_EPISODES = 20
@@ -122,16 +124,12 @@ def main() -> None:
     pratio = agg("scalebox_ms", "process_s") / agg("sb3", "process_s")
     print(f"\nmedian wall-time ratio scalebox_ms / sb3: train {ratio:.2f}x, whole process {pratio:.2f}x "
           f"(sb3 is {1 / ratio:.2f}x slower)")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
     import platform
 
     payload = {"steps": args.steps, "seeds": args.seeds, "runs": results, "median_train_ratio": ratio,
                "median_process_ratio": pratio, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
                "date": time.strftime("%Y-%m-%d %H:%M")}
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, payload)
     print(f"wrote {args.out}")
 
 

@@ -13,13 +13,14 @@ Usage:  python benchmarks/export_int8.py [--cartpole-run DIR] [--pendulum-run DI
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
 import time
 
 import numpy as np
+
+from scalebox_ms.fileio import atomic_write_json  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -100,11 +101,7 @@ def main() -> None:
         ev = f"{r['eval_mean']:9.1f} {r['eval_delta']:7.1f}" if "eval_mean" in r else f"{'-':>9s} {'-':>7s}"
         print(f"{r['policy']:12s} {r['variant']:8s} {ev} {r['bytes']:9d} {r['size_ratio']:6.2f} "
               f"{r['latency_ms_b1']:7.3f} {r['latency_ms_b256']:8.3f}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"rows": rows, "date": time.strftime("%Y-%m-%d %H:%M")}, f, indent=2)
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, {"rows": rows, "date": time.strftime("%Y-%m-%d %H:%M")})
     print(f"wrote {args.out}")
 
 
