@@ -8,7 +8,8 @@ Checks, each reported as ``ok`` / ``warn`` / ``fail`` with a detail:
 * ``backend:<name>`` for each backend MindSpore reports available: in a fresh subprocess (device settings are
   process-global), compile a small Dense layer's forward + gradient with ``@ms.jit`` and compare it with numpy;
 * on GPU: the CUDA version (``nvidia-smi``); on Ascend: driver and CANN versions from their version files and
-  ``npu-smi info``, with a warning when one is missing.
+  ``npu-smi info``, with a warning when one is missing or when the CANN version is not one this MindSpore build
+  supports (the list MindSpore's own Ascend checker carries).
 
 Exit code 0 when the CPU backend (at least) passes and nothing fails, 1 otherwise. ``--json`` prints one object
 ``{"usable": bool, "checks": [{"name", "status", "detail"}, ...]}``.
@@ -91,6 +92,28 @@ def available_backends() -> List[str]:
     return found
 
 
+def supported_cann_versions() -> List[str]:
+    """CANN major.minor versions this MindSpore build supports (read from MindSpore's own Ascend checker)."""
+    try:
+        from mindspore.run_check._check_version import AscendEnvChecker
+
+        return list(AscendEnvChecker(None).version)
+    except Exception:
+        return []
+
+
+def cann_compat(version_line: str, supported: List[str]) -> Dict[str, str]:
+    """Compare a CANN version line ('Version=8.3.RC1', 'version=8.5.0') with MindSpore's supported list."""
+    text = version_line.split("=", 1)[-1].strip()
+    major_minor = ".".join(text.split(".")[:2])
+    if not supported:
+        return _check("cann-match", "warn", f"CANN {text}: this MindSpore build lists no supported versions")
+    if major_minor in supported:
+        return _check("cann-match", "ok", f"CANN {text} is supported by this MindSpore ({', '.join(supported)})")
+    return _check("cann-match", "warn", f"CANN {text} does not match this MindSpore build (supports "
+                                        f"{', '.join(supported)}): install a matching CANN or MindSpore")
+
+
 def ascend_checks() -> List[Dict[str, str]]:
     checks = []
     driver = "/usr/local/Ascend/driver/version.info"
@@ -104,6 +127,8 @@ def ascend_checks() -> List[Dict[str, str]]:
         with open(found, encoding="utf-8", errors="replace") as f:
             line = next((l.strip() for l in f if "version" in l.lower()), "unknown")
         checks.append(_check(label, "ok", f"{line} ({found})"))
+        if label == "cann":
+            checks.append(cann_compat(line, supported_cann_versions()))
     smi = _run(["npu-smi", "info"])
     checks.append(_check("npu-smi", "ok" if smi else "warn",
                          (smi.strip().splitlines()[1][:200] if smi and len(smi.splitlines()) > 1 else "npu-smi info failed")))

@@ -1,7 +1,7 @@
 import json
 
 from conftest import run_module
-from scalebox_ms.doctor import numpy_check
+from scalebox_ms.doctor import cann_compat, numpy_check, supported_cann_versions
 
 
 def test_doctor_json_reports_a_working_cpu_backend():
@@ -19,3 +19,10 @@ def test_numpy_2_with_mindspore_2_10_is_a_failure():
     assert numpy_check("2.1.3", "2.10.0")["status"] == "fail"
     assert numpy_check("1.26.4", "2.10.0")["status"] == "ok"
     assert numpy_check("2.1.3", "2.11.0")["status"] == "ok"
+
+
+def test_cann_version_is_checked_against_mindspores_supported_list():
+    supported = supported_cann_versions()
+    assert supported, "MindSpore 2.10 carries its supported CANN versions"
+    assert cann_compat(f"Version={supported[0]}.RC1", supported)["status"] == "ok"
+    assert cann_compat("Version=6.0.RC1", supported)["status"] == "warn"

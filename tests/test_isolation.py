@@ -99,3 +99,36 @@ def test_conflicting_sandbox_is_refused():
         Sandbox(device="cpu", threads=1)
     with pytest.raises(ConfigError, match="not available"):
         Sandbox(device="ascend")
+
+
+def test_workers_inherit_no_file_descriptors(tmp_path):
+    secret = open(tmp_path / "parent-only.txt", "w")
+    env = IsolatedVectorEnv("CartPole-v1", 1)
+    try:
+        pid = env._workers[0].proc.pid
+        targets = []
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+        assert str(tmp_path / "parent-only.txt") not in targets
+        assert not any(t.endswith(".ckpt") or "parent-only" in t for t in targets)
+    finally:
+        env.close()
+        secret.close()
+
+
+def test_cli_honours_sandbox_section(tmp_path):
+    import json
+
+    from conftest import run_module
+
+    run_dir = tmp_path / "run"
+    r = run_module("train", "--total-steps", 64, "--run-dir", run_dir, "--no-progress", "--set", "env.num_envs=2",
+                   "--set", "ppo.n_steps=32", "--set", "ppo.batch_size=32", "--set", "run.eval_episodes=0",
+                   "--set", "sandbox.isolation_level=process", "--set", "sandbox.memory_limit=8GB")
+    assert r.returncode == 0, r.stderr[-2000:]
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert "isolation_level='process'" in env["sandbox"] and env["packages"]["mindspore"].startswith("2.10")
+    assert json.loads(r.stdout)["env_events"] == []

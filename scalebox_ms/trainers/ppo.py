@@ -368,8 +368,14 @@ class PPOTrainer:
             finally:
                 self._restore(state)
             table.append(row)
-        chosen = choose(table)
-        self.auto_batch = {"chosen": chosen, "table": table, "events": []}
+        budget = None
+        limit = getattr(self.sandbox, "memory_limit_bytes", None)
+        if limit:  # what is left under the sandbox's memory limit
+            from ..sandbox import current_rss_bytes
+
+            budget = max(0, limit - current_rss_bytes())
+        chosen = choose(table, budget)
+        self.auto_batch = {"chosen": chosen, "table": table, "events": [], "memory_budget_bytes": budget}
         self.log.info("dynamic batching: chose minibatch %d of %d candidates (%s)", chosen, len(table),
                       ", ".join(f"{r['batch_size']}: {r['samples_per_s']:.0f}/s" for r in table))
         return chosen
