@@ -94,9 +94,9 @@ class SandboxConfig:
     #: 'strict': 'process' + worker_memory_limit + deterministic kernels
     isolation_level: str = "none"
     #: limit for this process ("512MB", "16GB"; null: none). Device memory on GPU/Ascend; RSS watch on CPU
-    memory_limit: Optional[str] = None
-    #: address-space limit of each env worker under isolation_level 'strict'
-    worker_memory_limit: Optional[str] = "2GB"
+    memory_limit: Optional[Union[int, str]] = None
+    #: address-space limit of each env worker under isolation_level 'strict' (bytes or "1GB")
+    worker_memory_limit: Optional[Union[int, str]] = "2GB"
     #: seconds an env worker may take for one step before it is restarted (isolation 'process'/'strict')
     step_timeout: float = 10.0
 
@@ -208,7 +208,7 @@ def parse_bytes(text: Optional[str], key: str) -> Optional[int]:
         value = float(num)
     except ValueError:
         value = -1.0
-    if unit not in units or value <= 0 or not math.isfinite(value):
+    if unit not in units or value <= 0 or not math.isfinite(value) or int(value * units[unit]) < 1:
         raise ConfigError(f"{key}: expected a size like '512MB' or '16GB', got {text!r}")
     return int(value * units[unit])
 
@@ -261,7 +261,7 @@ def validate(cfg: Config) -> None:
     parse_bytes(s.memory_limit, "sandbox.memory_limit")
     worker = parse_bytes(s.worker_memory_limit, "sandbox.worker_memory_limit")
     _check(worker is None or worker >= 256 * 2**20, "sandbox.worker_memory_limit",
-           f"must be at least 256MB (a Python worker with gymnasium needs ~100-200MB), got {s.worker_memory_limit!r}")
+           f"must be at least 256MB (a Python worker with gymnasium needs ~100 MB), got {s.worker_memory_limit!r}")
 
 
 def _check(ok: bool, key: str, msg: str) -> None:

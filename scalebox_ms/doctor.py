@@ -117,15 +117,15 @@ def cann_compat(version_line: str, supported: List[str]) -> Dict[str, str]:
 def ascend_checks() -> List[Dict[str, str]]:
     checks = []
     driver = "/usr/local/Ascend/driver/version.info"
-    cann_candidates = ["/usr/local/Ascend/ascend-toolkit/latest/version.cfg",
-                       "/usr/local/Ascend/ascend-toolkit/latest/compiler/version.info"]
+    home = os.environ.get("ASCEND_HOME_PATH", "/usr/local/Ascend/ascend-toolkit/latest")
+    cann_candidates = [os.path.join(home, "compiler", "version.info")]  # where MindSpore's own checker reads it
     for label, paths in (("ascend-driver", [driver]), ("cann", cann_candidates)):
         found = next((p for p in paths if os.path.exists(p)), None)
         if found is None:
             checks.append(_check(label, "warn", f"version file not found ({', '.join(paths)})"))
             continue
-        with open(found, encoding="utf-8", errors="replace") as f:
-            line = next((l.strip() for l in f if "version" in l.lower()), "unknown")
+        with open(found, encoding="utf-8", errors="replace") as f:  # the "Version=8.3.RC1" line, not comments
+            line = next((l.strip() for l in f if l.strip().lower().startswith("version=")), "unknown")
         checks.append(_check(label, "ok", f"{line} ({found})"))
         if label == "cann":
             checks.append(cann_compat(line, supported_cann_versions()))

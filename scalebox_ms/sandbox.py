@@ -113,7 +113,7 @@ class Sandbox:
             if target != "CPU":
                 ms.set_context(device_id=int(device_id))
                 if self.memory_limit_bytes:
-                    ms.runtime.set_memory(max_size=f"{max(1, self.memory_limit_bytes // 2**30)}GB")
+                    ms.runtime.set_memory(max_size=f"{self.memory_limit_bytes / 2**30:.3f}GB")
             _active = settings
         self.device = target
         self.threads = int(threads)

@@ -10,6 +10,13 @@ import gymnasium as gym
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 
+class ResetCrashingCartPole(CartPoleEnv):
+    def reset(self, **kw):
+        if os.environ.get("FAULTY_ENVS_OFF") != "1":
+            os._exit(4)
+        return super().reset(**kw)
+
+
 class FaultyCartPole(CartPoleEnv):
     def __init__(self, fault: str = "crash", at: int = 5, **kw):
         super().__init__(**kw)
@@ -33,3 +40,4 @@ class FaultyCartPole(CartPoleEnv):
 for name, fault in [("Crashing", "crash"), ("Hanging", "hang"), ("MemoryHog", "memory"), ("Raising", "raise")]:
     gym.register(f"{name}CartPole-v0", entry_point=FaultyCartPole, kwargs={"fault": fault, "at": 5},
                  max_episode_steps=500)
+gym.register("ResetCrashingCartPole-v0", entry_point=ResetCrashingCartPole, max_episode_steps=500)

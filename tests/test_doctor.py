@@ -26,3 +26,15 @@ def test_cann_version_is_checked_against_mindspores_supported_list():
     assert supported, "MindSpore 2.10 carries its supported CANN versions"
     assert cann_compat(f"Version={supported[0]}.RC1", supported)["status"] == "ok"
     assert cann_compat("Version=6.0.RC1", supported)["status"] == "warn"
+
+
+def test_cann_version_is_read_from_the_version_line_not_comments(tmp_path, monkeypatch):
+    from scalebox_ms import doctor
+
+    (tmp_path / "compiler").mkdir()
+    (tmp_path / "compiler" / "version.info").write_text("# version: 1.0\nVersion=6.0.RC1\n")
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(tmp_path))
+    checks = {c["name"]: c for c in doctor.ascend_checks()}
+    assert checks["cann"]["detail"].startswith("Version=6.0.RC1")
+    assert checks["cann-match"]["status"] == "warn" and "6.0.RC1" in checks["cann-match"]["detail"]
+    assert checks["ascend-driver"]["status"] == "warn"  # no driver on this machine

@@ -77,7 +77,9 @@ def test_trainer_survives_crashing_envs_and_logs_restarts(tmp_path):
 
 def test_memory_limit_parsing_and_rss_watch():
     assert parse_bytes("512MB", "k") == 512 * 2**20 and parse_bytes("1.5G", "k") == int(1.5 * 2**30)
-    for bad in ("lots", "-1GB", "12XB", "0"):
+    assert parse_bytes(1073741824, "k") == 2**30
+    assert small_config(sandbox={"memory_limit": 2**33}).sandbox.memory_limit == 2**33
+    for bad in ("lots", "-1GB", "12XB", "0", "0.5B"):
         with pytest.raises(ConfigError, match="expected a size"):
             parse_bytes(bad, "sandbox.memory_limit")
     with pytest.raises(ConfigError, match="worker_memory_limit"):
@@ -132,3 +134,39 @@ def test_cli_honours_sandbox_section(tmp_path):
     env = json.loads((run_dir / "environment.json").read_text())
     assert "isolation_level='process'" in env["sandbox"] and env["packages"]["mindspore"].startswith("2.10")
     assert json.loads(r.stdout)["env_events"] == []
+
+
+def test_autoreset_seeds_follow_the_reset_seed():
+    """Episodes after the first differ between run seeds (and repeat for the same seed)."""
+    def second_episode_start(seed):
+        env = IsolatedVectorEnv("CartPole-v1", 1)
+        try:
+            env.reset(seed=seed)
+            while True:
+                obs, _, term, trunc, _ = env.step(np.zeros(1, np.int64))
+                if term[0] or trunc[0]:
+                    return env.step(np.zeros(1, np.int64))[0]  # the autoreset observation
+        finally:
+            env.close()
+
+    a, b, c = second_episode_start(0), second_episode_start(123), second_episode_start(0)
+    assert not np.array_equal(a, b) and np.array_equal(a, c)
+
+
+def test_env_that_cannot_reset_stops_with_a_clear_error():
+    from faulty_envs import FaultyCartPole  # noqa: F401  (registers the ids in this process too)
+
+    env = IsolatedVectorEnv("faulty_envs:ResetCrashingCartPole-v0", 2)
+    try:
+        with pytest.raises(ScaleboxError, match="failed to reset 3 times"):
+            env.reset(seed=0)
+        assert len(env.events) >= 3
+    finally:
+        env.close()
+
+
+def test_worker_start_failure_is_a_config_error():
+    from scalebox_ms.envs import make_vec_env
+
+    with pytest.raises(ConfigError, match="fails its first step.*failed to reset"):
+        make_vec_env("faulty_envs:ResetCrashingCartPole-v0", 1, isolation="process")

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import ConfigError
-from ..models.actor_critic import SpaceSpec
+from .spaces import SpaceSpec
 
 
 def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none", step_timeout: float = 10.0,
@@ -36,10 +36,14 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         raise ConfigError(f"env.id: unknown environment {env_id!r} ({_first_line(exc)})") from None
     try:
         if isolation in ("process", "strict"):
-            from .isolated import IsolatedVectorEnv
+            from .isolated import IsolatedVectorEnv, WorkerFailure
 
-            env = IsolatedVectorEnv(env_id, num_envs, kwargs, step_timeout=step_timeout,
-                                    memory_limit_bytes=worker_memory_limit)
+            try:
+                env = IsolatedVectorEnv(env_id, num_envs, kwargs, step_timeout=step_timeout,
+                                        memory_limit_bytes=worker_memory_limit)
+            except WorkerFailure as exc:
+                raise ConfigError(f"env.id: {env_id!r} cannot start in an isolated worker ({exc.kind}: "
+                                  f"{_first_line(exc)}); check sandbox.worker_memory_limit/step_timeout") from None
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
                     else "sync")

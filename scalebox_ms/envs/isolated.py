@@ -8,12 +8,16 @@ gymnasium 1.x's vector API with ``AutoresetMode.NEXT_STEP`` semantics, like the 
 * ``memory_limit_bytes`` sets ``RLIMIT_AS`` in each worker, so a sub-env that allocates past it fails inside
   its own process (MindSpore ignores memory limits on CPU; this is how the Sandbox enforces one there).
 * If a worker dies (crash, memory limit, killed) or does not answer within ``step_timeout`` seconds, it is
-  terminated and replaced by a fresh worker whose env is reset with a new seed. That step reports the
+  terminated and replaced by a fresh worker whose env is reset with a new seed (autoreset seeds derive from
+  the seed given to ``reset``). That step reports the
   sub-env's episode as **truncated** with reward 0 and the last observation it produced; the following step is
   the usual NEXT_STEP autoreset step (the fresh reset observation, reward 0). Each event is logged and kept in
   ``events`` (``{"env": i, "kind": "crash"|"timeout"|"memory", "detail": ...}``).
 
-The parent process never runs env code, so a segfaulting or hanging env cannot take the training run down.
+The parent process never runs env code, so a segfaulting or hanging env step cannot take the training run
+down. A sub-env that fails to *reset* in ``MAX_RESET_ATTEMPTS`` fresh workers in a row is broken rather than
+flaky: after collecting every other worker's reply, ``step``/``reset`` raise a one-line ``ScaleboxError``.
+Workers import only gymnasium and this module (no MindSpore), ~60-100 MB each.
 """
 from __future__ import annotations
 
@@ -114,7 +118,7 @@ class IsolatedVectorEnv:
         self.action_space = batch_space(act_space, self.num_envs)
         self._last_obs = [None] * self.num_envs
         self._needs_reset = np.zeros(self.num_envs, bool)
-        self._reseed = np.random.default_rng(0)
+        self._reseed = np.random.default_rng(0)  # seeds of autoresets; re-derived from reset(seed)
 
     def _start(self) -> _Worker:
         return _Worker(self._ctx, self.env_id, self.kwargs, self.memory_limit)
@@ -127,19 +131,39 @@ class IsolatedVectorEnv:
         self._workers[i] = self._start()
         self._needs_reset[i] = True
 
-    def reset(self, seed=None, options=None):
-        seeds = [None] * self.num_envs if seed is None else [int(seed) + i for i in range(self.num_envs)]
-        obs, infos = [], {}
-        for i, w in enumerate(self._workers):
+    MAX_RESET_ATTEMPTS = 3
+
+    def _reset_worker(self, i: int, seed):
+        """Reset sub-env i, replacing its worker up to MAX_RESET_ATTEMPTS times; None if it never succeeds."""
+        for _ in range(self.MAX_RESET_ATTEMPTS):
             try:
-                o, _ = w.call("reset", seeds[i], self.start_timeout)
+                o, _ = self._workers[i].call("reset", seed, self.start_timeout)
+                return o
             except WorkerFailure as failure:
                 self._replace(i, failure)
-                o, _ = self._workers[i].call("reset", seeds[i], self.start_timeout)
+        return None
+
+    def _give_up(self, broken: List[int]) -> None:
+        from ..errors import ScaleboxError
+
+        raise ScaleboxError(f"env {self.env_id!r}: sub-env(s) {broken} failed to reset {self.MAX_RESET_ATTEMPTS} "
+                            f"times in fresh workers ({self.events[-1]['kind']}: {self.events[-1]['detail']})")
+
+    def reset(self, seed=None, options=None):
+        seeds = [None] * self.num_envs if seed is None else [int(seed) + i for i in range(self.num_envs)]
+        if seed is not None:
+            self._reseed = np.random.default_rng(np.random.SeedSequence(int(seed)))
+        obs, broken = [], []
+        for i in range(self.num_envs):
+            o = self._reset_worker(i, seeds[i])
+            if o is None:
+                broken.append(i)
             self._last_obs[i] = o
             obs.append(o)
+        if broken:
+            self._give_up(broken)
         self._needs_reset[:] = False
-        return np.stack(obs), infos
+        return np.stack(obs), {}
 
     def step(self, actions):
         actions = np.asarray(actions)
@@ -152,14 +176,14 @@ class IsolatedVectorEnv:
                     w.parent.send(("step", actions[i]))
                 except (BrokenPipeError, OSError):
                     pass  # noticed when collecting
+        broken = []
         for i, w in enumerate(self._workers):
             if self._needs_reset[i]:  # NEXT_STEP autoreset (after an episode end or a restart)
-                seed = int(self._reseed.integers(2**31))
-                try:
-                    o, _ = w.call("reset", seed, self.start_timeout)
-                except WorkerFailure as failure:
-                    self._replace(i, failure)
-                    o, _ = self._workers[i].call("reset", seed, self.start_timeout)
+                o = self._reset_worker(i, int(self._reseed.integers(2**31)))
+                if o is None:  # keep collecting the other workers' replies; give up after the loop
+                    broken.append(i)
+                    obs[i] = self._last_obs[i]
+                    continue
                 self._needs_reset[i] = False
                 obs[i] = self._last_obs[i] = o
                 continue
@@ -184,6 +208,8 @@ class IsolatedVectorEnv:
             rewards[i], terminated[i], truncated[i] = r, term, trunc
             if term or trunc:
                 self._needs_reset[i] = True
+        if broken:
+            self._give_up(broken)
         return np.stack(obs), rewards, terminated, truncated, {}
 
     def close(self) -> None:

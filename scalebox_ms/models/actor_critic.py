@@ -11,7 +11,6 @@ can also embed in their own MindSpore code.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import mindspore as ms
@@ -19,18 +18,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Orthogonal, Zero, initializer
 
+from ..envs.spaces import SpaceSpec  # noqa: F401  (re-exported)
 from ..ops import distributions as D
-
-
-@dataclass(frozen=True)
-class SpaceSpec:
-    """What the model needs to know about the env's spaces (numpy-free, JSON-able)."""
-
-    obs_dim: int
-    discrete: bool
-    action_dim: int  # number of actions (discrete) or action dimensions (continuous)
-    low: Optional[Tuple[float, ...]] = None
-    high: Optional[Tuple[float, ...]] = None
 
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}

@@ -370,11 +370,18 @@ class PPOTrainer:
             table.append(row)
         budget = None
         limit = getattr(self.sandbox, "memory_limit_bytes", None)
-        if limit:  # what is left under the sandbox's memory limit
+        if limit and self.sandbox.device == "CPU":  # host memory left under the sandbox's limit
             from ..sandbox import current_rss_bytes
 
             budget = max(0, limit - current_rss_bytes())
-        chosen = choose(table, budget)
+        try:
+            chosen = choose(table, budget)
+        except RuntimeError:  # nothing fits the budget by the rough estimate: take the smallest size that ran
+            ran = [r["batch_size"] for r in table if r["status"] == "ok"]
+            if not ran:
+                raise
+            chosen = min(ran)
+            self.log.warning("dynamic batching: no size fits the %s-byte budget by estimate; using %d", budget, chosen)
         self.auto_batch = {"chosen": chosen, "table": table, "events": [], "memory_budget_bytes": budget}
         self.log.info("dynamic batching: chose minibatch %d of %d candidates (%s)", chosen, len(table),
                       ", ".join(f"{r['batch_size']}: {r['samples_per_s']:.0f}/s" for r in table))
@@ -493,7 +500,7 @@ class PPOTrainer:
         self.rng.bit_generator.state = sc["rng"]
         if self.config.ppo.batch_size == "auto" and sc.get("batch_size"):
             self.batch_size = int(sc["batch_size"])  # resume with the size chosen before, no new probe
-            self.auto_batch = sc.get("auto_batch")
+            self.auto_batch = sc.get("auto_batch") or {"chosen": self.batch_size, "table": [], "events": []}
         if self.obs_normalizer is not None and sc.get("obs_normalizer"):
             self.obs_normalizer.load_state_dict(sc["obs_normalizer"])
         if self.reward_scaler is not None and sc.get("reward_scaler"):
