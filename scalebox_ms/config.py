@@ -25,6 +25,9 @@ from .errors import ConfigError
 class EnvConfig:
     id: str = "CartPole-v1"
     num_envs: int = 8
+    #: 'gymnasium' (gymnasium's own envs) or 'native' (MindSpore graph dynamics: CartPole-v1, Acrobot-v1,
+    #: MountainCar-v0, MountainCarContinuous-v0, Pendulum-v1)
+    backend: str = "gymnasium"
     #: running mean/std observation normalisation (SB3 VecNormalize semantics)
     normalize_obs: bool = False
     #: scale rewards by the running std of the discounted return
@@ -192,6 +195,7 @@ _CHOICES = {
     ("ppo", "clip_schedule"): ("constant", "linear"),
     ("sandbox", "device"): ("auto", "cpu", "gpu", "ascend"),
     ("sandbox", "isolation_level"): ("none", "process", "strict"),
+    ("env", "backend"): ("gymnasium", "native"),
 }
 
 
@@ -221,6 +225,13 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{section}.{key}: {value!r} is not one of {', '.join(choices)}")
     _check(e.id.strip() != "", "env.id", "must not be empty")
     _check(e.num_envs >= 1, "env.num_envs", f"must be >= 1, got {e.num_envs}")
+    if e.backend == "native":
+        from .envs.native import SUPPORTED
+
+        _check(e.id in SUPPORTED, "env.backend", f"native has no {e.id!r} (it has {', '.join(SUPPORTED)})")
+        _check(not e.kwargs, "env.kwargs", "not supported with env.backend native")
+        _check(s.isolation_level == "none", "sandbox.isolation_level",
+               "process isolation applies to gymnasium envs; native envs run inside MindSpore graphs")
     _check(e.clip_obs > 0, "env.clip_obs", f"must be > 0, got {e.clip_obs}")
     _check(e.clip_reward > 0, "env.clip_reward", f"must be > 0, got {e.clip_reward}")
     for key in ("pi_layers", "vf_layers"):

@@ -17,11 +17,18 @@ from .spaces import SpaceSpec
 
 
 def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none", step_timeout: float = 10.0,
-                 worker_memory_limit: Optional[int] = None):
-    """A NEXT_STEP vector env; ``isolation`` 'process'/'strict' puts each sub-env in its own worker process."""
+                 worker_memory_limit: Optional[int] = None, backend: str = "gymnasium"):
+    """A NEXT_STEP vector env; ``isolation`` 'process'/'strict' puts each sub-env in its own worker process;
+    ``backend='native'`` gives the MindSpore implementation (:mod:`scalebox_ms.envs.native`)."""
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
+    if backend == "native":
+        from .native import SUPPORTED, make_native
+
+        if env_id not in SUPPORTED:
+            raise ConfigError(f"env.backend: native has no {env_id!r} (it has {', '.join(SUPPORTED)})")
+        return make_native(env_id, num_envs)
     kwargs = dict(kwargs or {})
     registered_id = env_id
     if ":" in env_id:  # gymnasium's "module:Env-v0": import the module that registers the env

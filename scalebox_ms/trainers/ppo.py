@@ -83,7 +83,7 @@ class PPOTrainer:
         sb = self.sandbox
         self.env = make_vec_env(e.id, e.num_envs, e.kwargs, isolation=getattr(sb, "isolation_level", "none"),
                                 step_timeout=getattr(sb, "step_timeout", 10.0),
-                                worker_memory_limit=getattr(sb, "worker_memory_limit_bytes", None))
+                                worker_memory_limit=getattr(sb, "worker_memory_limit_bytes", None), backend=e.backend)
         self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id)
         self.model = build_model(self.spec, config.policy)
         self.act_step = ActStep(self.model)

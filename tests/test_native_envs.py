@@ -1,0 +1,131 @@
+"""Native MindSpore envs vs gymnasium's own envs, teacher-forced (the dynamics are chaotic, so free-running
+trajectories in different precisions diverge; from the same state each step must agree)."""
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from scalebox_ms.envs.native import SUPPORTED, make_native
+from scalebox_ms.sandbox import Sandbox
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sandbox():
+    Sandbox(device="auto", seed=0)
+
+
+def broad_state(env_id, rng):
+    """States all over the state space, so terminal regions and clipping are exercised too."""
+    if env_id == "CartPole-v1":
+        return rng.uniform([-2.4, -3, -0.21, -3], [2.4, 3, 0.21, 3])
+    if env_id.startswith("MountainCar"):
+        return rng.uniform([-1.2, -0.07], [0.6, 0.07])
+    if env_id == "Acrobot-v1":
+        return rng.uniform([-np.pi, -np.pi, -4 * np.pi, -9 * np.pi], [np.pi, np.pi, 4 * np.pi, 9 * np.pi])
+    return rng.uniform([-np.pi, -8], [np.pi, 8])  # Pendulum
+
+
+def time_limit(env):
+    while not isinstance(env, gym.wrappers.TimeLimit):
+        env = env.env
+    return env
+
+
+# float32 RK4 at Acrobot's velocity limits differs from float64 by up to ~3e-3 (numpy float32 shows the same)
+ATOL = {"Acrobot-v1": 5e-3}
+
+
+@pytest.mark.parametrize("env_id", SUPPORTED)
+def test_teacher_forced_steps_match_gymnasium(env_id):
+    native, ref = make_native(env_id, 1), gym.make(env_id)
+    rng = np.random.default_rng(1)
+    ref.reset(seed=1)
+    ref.action_space.seed(1)
+    limit = time_limit(ref)
+    t, counts = 0, {"term": 0, "trunc": 0}
+    for i in range(2500):
+        if i % 7 == 3:  # jump somewhere else in the state space
+            ref.unwrapped.state = broad_state(env_id, rng)
+        if i % 53 == 17:  # and close to the time limit
+            t = limit._elapsed_steps = limit._max_episode_steps - 1
+        state = np.array(ref.unwrapped.state, np.float64)
+        native.set_state(state[None], steps=np.array([t]))
+        a = ref.action_space.sample()
+        obs, rew, term, trunc, _ = ref.step(a)
+        nobs, nrew, nterm, ntrunc, _ = native.step(np.array([a]))
+        t += 1
+        np.testing.assert_allclose(nobs[0], obs, rtol=1e-5, atol=ATOL.get(env_id, 2e-5), err_msg=f"step {i}")
+        assert nrew[0] == pytest.approx(rew, rel=1e-5, abs=1e-5), i
+        assert (bool(nterm[0]), bool(ntrunc[0])) == (term, trunc), i
+        counts["term"] += term
+        counts["trunc"] += trunc
+        if term or trunc:
+            ref.reset()
+            t = 0
+    assert counts["term"] > 0 or env_id == "Pendulum-v1", "terminations must be exercised"
+    assert counts["trunc"] > 0, "truncations must be exercised"
+
+
+def test_spaces_are_gymnasiums():
+    for env_id in SUPPORTED:
+        native, ref = make_native(env_id, 3), gym.make(env_id)
+        assert native.single_observation_space == ref.observation_space
+        assert native.single_action_space == ref.action_space
+
+
+def test_time_limit_and_next_step_autoreset():
+    env = make_native("Pendulum-v1", 2)
+    obs, _ = env.reset(seed=3)
+    assert obs.shape == (2, 3)
+    for t in range(1, 201):
+        obs, rew, term, trunc, _ = env.step(np.zeros((2, 1), np.float32))
+        assert not term.any() and trunc.all() == (t == 200)
+    obs, rew, term, trunc, _ = env.step(np.zeros((2, 1), np.float32))  # autoreset step
+    assert (rew == 0).all() and not term.any() and not trunc.any()
+    assert np.all(np.abs(np.arctan2(obs[:, 1], obs[:, 0])) <= np.pi) and np.all(np.abs(obs[:, 2]) <= 1)
+
+
+def test_reset_is_seeded_and_pickle_resumes_mid_episode():
+    a, b = make_native("CartPole-v1", 4), make_native("CartPole-v1", 4)
+    np.testing.assert_array_equal(a.reset(seed=7)[0], b.reset(seed=7)[0])
+    assert not np.array_equal(a.reset(seed=7)[0], b.reset(seed=8)[0])
+    a.reset(seed=7)
+    for _ in range(30):
+        a.step(np.ones(4, np.int64))
+    c = pickle.loads(pickle.dumps(a))
+    for _ in range(30):
+        ra, rc = a.step(np.zeros(4, np.int64)), c.step(np.zeros(4, np.int64))
+        for x, y in zip(ra[:4], rc[:4]):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_native_backend_trains_resumes_and_evaluates_on_gymnasium(tmp_path):
+    import json
+
+    from conftest import run_module
+
+    common = ["--set", "env.backend=native", "--set", "env.num_envs=4", "--set", "ppo.n_steps=16",
+              "--set", "ppo.batch_size=32", "--set", "ppo.n_epochs=2", "--set", "run.eval_episodes=0",
+              "--no-progress", "--total-steps", 512]
+    full = run_module("train", *common, "--run-dir", tmp_path / "full")
+    half = run_module("train", *common, "--until", 256, "--run-dir", tmp_path / "half")
+    assert full.returncode == 0 and half.returncode == 0, full.stderr[-1500:] + half.stderr[-1500:]
+    resumed = run_module("train", "--resume", tmp_path / "half", "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr[-1500:]
+    assert json.loads(resumed.stdout)["param_sha256"] == json.loads(full.stdout)["param_sha256"]
+    ev = run_module("evaluate", "--run", tmp_path / "full", "--episodes", 3, "--json")  # gymnasium's env
+    assert ev.returncode == 0 and json.loads(ev.stdout)["episodes"] == 3
+
+
+@pytest.mark.parametrize("sets, culprit", [
+    ({"env": {"backend": "native", "id": "LunarLander-v3"}}, "native has no 'LunarLander-v3'"),
+    ({"env": {"backend": "native", "id": "Pendulum-v1", "kwargs": {"g": 9.0}}}, "env.kwargs: not supported"),
+    ({"env": {"backend": "native"}, "sandbox": {"isolation_level": "process"}}, "sandbox.isolation_level"),
+    ({"env": {"backend": "jax"}}, "env.backend: 'jax' is not one of"),
+])
+def test_native_backend_config_errors(sets, culprit):
+    from scalebox_ms import Config, ConfigError
+
+    with pytest.raises(ConfigError, match=culprit.replace("(", r"\(").replace(")", r"\)")):
+        Config.from_dict(sets)
