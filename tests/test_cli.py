@@ -163,3 +163,16 @@ def test_auto_batch_from_the_cli_is_recorded(tmp_path):
     assert [r["batch_size"] for r in summary["auto_batch"]["table"]] == [16, 32, 64]
     rows = metrics_rows(run_dir)
     assert all(int(r["batch_size"]) == summary["batch_size"] for r in rows)
+
+
+def test_resume_is_bit_identical_for_sync_vector_envs_with_normalisation(tmp_path):
+    """Pendulum runs on gymnasium's SyncVectorEnv (its sub-envs are checkpointed) with obs/reward statistics."""
+    args = ["--set", "env.id=Pendulum-v1", "--set", "env.num_envs=2", "--set", "ppo.n_steps=32",
+            "--set", "ppo.batch_size=32", "--set", "env.normalize_obs=true", "--set", "env.normalize_reward=true",
+            "--set", "run.eval_episodes=0", "--total-steps", 256]
+    full = train(*args, "--run-dir", tmp_path / "full")
+    train(*args, "--until", 128, "--run-dir", tmp_path / "half")
+    r = run_module("train", "--resume", tmp_path / "half", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["param_sha256"] == full["param_sha256"]
+    assert metrics_rows(tmp_path / "half") == metrics_rows(tmp_path / "full")

@@ -4,8 +4,9 @@ A checkpoint ``<dir>/ckpt_<global_step:012d>`` consists of
 
 * ``.ckpt``     -- MindSpore checkpoint of the policy/value parameters and the optimizer state
                    (names ``model.<param>`` and ``optimizer.<param>``);
-* ``.env.pkl``  -- the pickled vector env (positions, RNG states) when the env can be pickled, so a resumed
-                   run continues the very same episodes; absent otherwise (see ``env_state`` in the sidecar);
+* ``.env.pkl``  -- the vector env's in-flight state (positions, RNG states; see :mod:`scalebox_ms.envs.state`)
+                   where it can be captured faithfully, so a resumed run continues the very same episodes;
+                   absent otherwise (``env_state`` null in the sidecar);
 * ``.json``     -- the sidecar: format version, config, counters, normalisation statistics, RNG states, the
                    trainer's in-flight rollout state, and the SHA-256 of the other two files.
 

@@ -464,7 +464,13 @@ class PPOTrainer:
             "batch_size": self.batch_size,
             "auto_batch": self.auto_batch,
         }
-        return write_checkpoint(prefix, tensors, sidecar, env_obj=self.env if self._obs is not None else None)
+        from ..envs import state as env_state
+
+        snapshot = env_state.capture(self.env) if self._obs is not None else None
+        if snapshot is None and self._obs is not None:
+            sidecar["env_state_note"] = (f"{type(self.env).__name__} cannot be captured faithfully: "
+                                         "a resumed run starts fresh episodes")
+        return write_checkpoint(prefix, tensors, sidecar, env_obj=snapshot)
 
     def load(self, path: str) -> "PPOTrainer":
         """Restore parameters, optimizer, statistics, counters, RNG and env state from a checkpoint."""
@@ -507,8 +513,9 @@ class PPOTrainer:
             self.reward_scaler.load_state_dict(sc["reward_scaler"])
         inflight = sc.get("inflight")
         if inflight is not None and ck["env"] is not None:
-            self.env.close()
-            self.env = ck["env"]
+            from ..envs import state as env_state
+
+            self.env = env_state.restore(self.env, ck["env"])
             self._obs = np.asarray(inflight["obs"], np.float32)
             self._valid = np.asarray(inflight["valid"], bool)
             self._ep_return = np.asarray(inflight["ep_return"], np.float64)
