@@ -28,6 +28,8 @@ class EnvConfig:
     #: 'gymnasium' (gymnasium's own envs) or 'native' (MindSpore graph dynamics: CartPole-v1, Acrobot-v1,
     #: MountainCar-v0, MountainCarContinuous-v0, Pendulum-v1)
     backend: str = "gymnasium"
+    #: with backend native: run each rollout (T vector steps) as one compiled graph call
+    compiled_rollout: bool = True
     #: running mean/std observation normalisation (SB3 VecNormalize semantics)
     normalize_obs: bool = False
     #: scale rewards by the running std of the discounted return

@@ -109,6 +109,9 @@ class PPOTrainer:
         self._last_metrics: dict = {}
         # minibatch size: fixed, or chosen by probing in the first update (ppo.batch_size: auto)
         self.batch_size: Optional[int] = None if config.ppo.batch_size == "auto" else int(config.ppo.batch_size)
+        # native envs: the whole rollout as one graph call (trainers/native_rollout.py)
+        self._compiled_rollout = e.backend == "native" and e.compiled_rollout
+        self._rollout_cell = None
         self.auto_batch: Optional[dict] = None
         self._predict_rng = np.random.default_rng()
 
@@ -175,10 +178,13 @@ class PPOTrainer:
             clip = schedule_value(p.clip_range, p.clip_schedule, progress_remaining)
 
             t0 = time.perf_counter()
-            t_act, t_env = self._collect(storage)
-            t1 = time.perf_counter()
-            last_values = self.value_step(ms.Tensor(self._obs)).asnumpy()
-            t_act += time.perf_counter() - t1
+            if self._compiled_rollout:
+                t_act, t_env, last_values = self._collect_compiled(storage)
+            else:
+                t_act, t_env = self._collect(storage)
+                t1 = time.perf_counter()
+                last_values = self.value_step(ms.Tensor(self._obs)).asnumpy()
+                t_act += time.perf_counter() - t1
             advantages, returns = compute_gae(storage.rewards, storage.values, last_values, storage.terminated,
                                               storage.truncated, storage.valid, p.gamma, p.gae_lambda)
             t_rollout = time.perf_counter() - t0
@@ -279,6 +285,65 @@ class PPOTrainer:
             self._obs = self.normalize_obs(raw_obs, update=True)
             self._valid = ~done
         return t_act, t_env
+
+    def _collect_compiled(self, storage):
+        """Native envs: one graph call runs all T steps; then the same host bookkeeping as :meth:`_collect`."""
+        import mindspore as ms
+
+        from .native_rollout import CompiledRollout
+
+        T, N = storage.n_steps, self.num_envs
+        if self._rollout_cell is None:
+            self._rollout_cell = CompiledRollout(self.model, self.env, T, normalize=self.obs_normalizer is not None)
+        cell = self._rollout_cell
+        t0 = time.perf_counter()
+        # drawn in the order the step-by-step loop draws them: same streams, same rollout
+        act_noise = np.stack([self._noise(N) for _ in range(T)])
+        reset_noise = np.stack([self.env.rng.random((N, self.env._dyn_cls.noise_dim)).astype(np.float32)
+                                for _ in range(T)])
+        if self.obs_normalizer is not None:
+            rms = self.obs_normalizer.rms
+            mean = rms.mean.astype(np.float32)
+            inv_std = (1.0 / np.sqrt(rms.var + self.obs_normalizer.epsilon)).astype(np.float32)
+            clip = np.float32(self.obs_normalizer.clip)
+        else:
+            mean = np.zeros(self.spec.obs_dim, np.float32)
+            inv_std = np.ones(self.spec.obs_dim, np.float32)
+            clip = np.float32(np.inf)
+        last_raw, last_value = cell(ms.Tensor(act_noise), ms.Tensor(reset_noise), ms.Tensor(mean),
+                                    ms.Tensor(inv_std), ms.Tensor(clip))
+        last_value = last_value.asnumpy()
+        storage.obs[:] = cell.obs.asnumpy()
+        storage.actions[:] = cell.actions.asnumpy()
+        storage.log_probs[:] = cell.log_probs.asnumpy()
+        storage.values[:] = cell.values.asnumpy()
+        rewards = cell.rewards.asnumpy().astype(np.float64)
+        terminated = cell.terminated.asnumpy().astype(bool)
+        truncated = cell.truncated.asnumpy().astype(bool)
+        valid_all = cell.valid.asnumpy().astype(bool)
+        obs_raw = cell.obs_raw.asnumpy()
+        t_graph = time.perf_counter() - t0
+        for t in range(T):
+            valid, done = valid_all[t], terminated[t] | truncated[t]
+            self._ep_return += np.where(valid, rewards[t], 0.0)
+            self._ep_length += valid
+            for i in np.flatnonzero(done):
+                self.episode_returns.append(float(self._ep_return[i]))
+                self.episode_lengths.append(int(self._ep_length[i]))
+                self.episodes += 1
+            self._ep_return[done] = 0.0
+            self._ep_length[done] = 0
+            train_reward = (self.reward_scaler(rewards[t], done, valid) if self.reward_scaler is not None
+                            else rewards[t].astype(np.float32))
+            storage.rewards[t] = np.where(valid, train_reward, 0.0)
+        storage.terminated[:] = terminated
+        storage.truncated[:] = truncated
+        storage.valid[:] = valid_all
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.rms.update(obs_raw.reshape(-1, self.spec.obs_dim))
+        self._obs = self.normalize_obs(last_raw.asnumpy(), update=False)
+        self._valid = ~(terminated[-1] | truncated[-1])
+        return t_graph, 0.0, last_value
 
     def _update(self, batch: dict, lr: float, clip: float, clip_vf, kl_limit) -> dict:
         import mindspore as ms
@@ -516,6 +581,7 @@ class PPOTrainer:
             from ..envs import state as env_state
 
             self.env = env_state.restore(self.env, ck["env"])
+            self._rollout_cell = None  # a compiled rollout is bound to the previous env's Parameters
             self._obs = np.asarray(inflight["obs"], np.float32)
             self._valid = np.asarray(inflight["valid"], bool)
             self._ep_return = np.asarray(inflight["ep_return"], np.float64)

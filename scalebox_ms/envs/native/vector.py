@@ -11,6 +11,26 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+from mindspore import ops
+
+
+def transition(dyn, state, steps, needs_reset, action, reset_noise):
+    """One vector step as graph ops: dynamics, gymnasium's TimeLimit, NEXT_STEP autoreset.
+
+    Returns (next_state, next_steps, next_needs_reset, reward, terminated, truncated). Sub-envs whose episode
+    ended on the previous step (``needs_reset``) reset now from ``reset_noise``, with reward 0 and both flags
+    False. Used by :class:`NativeVectorEnv`'s step graph and by the compiled rollout.
+    """
+    ns, reward, terminated = dyn.step(state, action)
+    steps = steps + 1
+    truncated = steps >= dyn.max_steps  # gymnasium's TimeLimit (also when terminated)
+    r = needs_reset
+    ns = ops.where(r.expand_dims(-1), dyn.initial_state(reset_noise), ns)
+    reward = ops.where(r, ops.zeros_like(reward), reward)
+    terminated = terminated & ~r
+    truncated = truncated & ~r
+    steps = ops.where(r, ops.zeros_like(steps), steps)
+    return ns, steps, terminated | truncated, reward, terminated, truncated
 
 
 def _build(dynamics, num_envs: int):
@@ -30,20 +50,11 @@ def _build(dynamics, num_envs: int):
 
         @ms.jit
         def construct(self, action, reset_noise):
-            s = self.state
-            ns, reward, terminated = dyn.step(s, action)
-            steps = self.steps + 1
-            truncated = steps >= self.max_steps  # gymnasium's TimeLimit (also when terminated)
-            # NEXT_STEP autoreset: sub-envs whose episode ended last step reset now, reward 0, flags False
-            r = self.needs_reset
-            ns = ops.where(r.expand_dims(-1), dyn.initial_state(reset_noise), ns)
-            reward = ops.where(r, ops.zeros_like(reward), reward)
-            terminated = terminated & ~r
-            truncated = truncated & ~r
-            steps = ops.where(r, ops.zeros_like(steps), steps)
+            ns, steps, done, reward, terminated, truncated = transition(
+                dyn, self.state, self.steps, self.needs_reset, action, reset_noise)
             ops.assign(self.state, ns)
             ops.assign(self.steps, steps)
-            ops.assign(self.needs_reset, terminated | truncated)
+            ops.assign(self.needs_reset, done)
             return dyn.observe(ns), reward, terminated, truncated
 
     class NativeReset(nn.Cell):

@@ -1,0 +1,85 @@
+"""Compiled rollout for native envs: T vector steps of (observe -> act -> env step -> store) in ONE graph call.
+
+With ``env.backend: native`` the env's state already lives in MindSpore Parameters, so the whole rollout can
+stay on the device: a graph ``while`` loop over a Tensor counter (compiles in about a second, whatever T is)
+writes each step into device-resident (T, N, ...) Parameter buffers by Tensor index (slice assignment of a
+Parameter inside a graph is silently dropped on MindSpore 2.10, see DESIGN.md). The trainer then copies the
+buffers to the host once per iteration for GAE and the update. Python->graph calls per iteration drop from
+T + 1 to 1 (plus the update calls).
+
+Noise (Gumbel/normal action noise, reset noise) is drawn by the trainer's and the env's numpy Generators for
+all T steps at once, in the same order the step-by-step loop draws it, so both paths produce the same rollout
+(tested). Observation normalisation uses the statistics frozen at the start of the rollout; the trainer updates
+them afterwards with all T*N observations (SB3 updates them every step: a small, documented difference).
+"""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from ..envs.native.vector import transition
+
+
+def _buffer(shape, dtype, name):
+    return Parameter(Tensor(np.zeros(shape, dtype)), name=name, requires_grad=False)
+
+
+class CompiledRollout(nn.Cell):
+    """``rollout(act_noise (T,N,A), reset_noise (T,N,k), obs_mean, obs_inv_std, obs_clip)`` fills the buffers and
+    returns (last raw obs, V(last normalised obs))."""
+
+    def __init__(self, model, env, n_steps: int, normalize: bool):
+        super().__init__(auto_prefix=False)
+        T, N = int(n_steps), env.num_envs
+        spec = model.spec
+        self.model = model
+        self.env_cell = env._step  # shares the env's state Parameters: checkpoints and the Python API see them
+        self.dyn = env._dyn
+        self.n_steps = T
+        self.normalize = normalize
+        self.obs_raw = _buffer((T, N, spec.obs_dim), np.float32, "rollout_obs_raw")
+        self.obs = _buffer((T, N, spec.obs_dim), np.float32, "rollout_obs")
+        self.actions = _buffer((T, N) if spec.discrete else (T, N, spec.action_dim),
+                               np.int32 if spec.discrete else np.float32, "rollout_actions")
+        self.log_probs = _buffer((T, N), np.float32, "rollout_log_probs")
+        self.values = _buffer((T, N), np.float32, "rollout_values")
+        self.rewards = _buffer((T, N), np.float32, "rollout_rewards")
+        # flags as uint8: MindSpore's CPU ScatterNdUpdate (Tensor-index assignment) has no bool kernel
+        self.terminated = _buffer((T, N), np.uint8, "rollout_terminated")
+        self.truncated = _buffer((T, N), np.uint8, "rollout_truncated")
+        self.valid = _buffer((T, N), np.uint8, "rollout_valid")
+
+    def _normalize(self, obs, mean, inv_std, clip):
+        if self.normalize:
+            return ops.clip_by_value((obs - mean) * inv_std, -clip, clip)
+        return obs
+
+    @ms.jit
+    def construct(self, act_noise, reset_noise, obs_mean, obs_inv_std, obs_clip):
+        env = self.env_cell
+        t = Tensor(0, ms.int32)
+        while t < self.n_steps:
+            raw = self.dyn.observe(env.state)
+            obs = self._normalize(raw, obs_mean, obs_inv_std, obs_clip)
+            action, log_prob, value = self.model.act(obs, act_noise[t])
+            valid = ~env.needs_reset
+            # store what was observed BEFORE the env state is overwritten: measured on MindSpore 2.10, a value
+            # read from a Parameter may otherwise be materialised after a later assign to that Parameter
+            self.obs_raw[t] = raw
+            self.obs[t] = obs
+            self.actions[t] = action
+            self.log_probs[t] = log_prob
+            self.values[t] = value
+            self.valid[t] = valid.astype(ms.uint8)
+            ns, steps, done, reward, terminated, truncated = transition(
+                self.dyn, env.state, env.steps, env.needs_reset, action, reset_noise[t])
+            self.rewards[t] = reward
+            self.terminated[t] = terminated.astype(ms.uint8)
+            self.truncated[t] = truncated.astype(ms.uint8)
+            ops.assign(env.state, ns)
+            ops.assign(env.steps, steps)
+            ops.assign(env.needs_reset, done)
+            t = t + 1
+        raw = self.dyn.observe(env.state)
+        return raw, self.model.value(self._normalize(raw, obs_mean, obs_inv_std, obs_clip))
