@@ -10,11 +10,18 @@ from mindspore import nn, ops
 
 
 class AssignParameters(nn.Cell):
-    """``AssignParameters(params)(values)`` assigns ``values[i]`` to ``params[i]`` in one compiled call."""
+    """``AssignParameters(params).write(values)`` assigns ``values[i]`` to ``params[i]`` in one compiled call.
+
+    ``write`` passes the values as ``ms.mutable``: a plain tuple of Tensors is treated as a compile-time
+    constant by ``@ms.jit`` and would recompile (~0.3 s) on every call with new values.
+    """
 
     def __init__(self, params):
         super().__init__(auto_prefix=False)
         self.params = ms.ParameterTuple(list(params))
+
+    def write(self, values):
+        return self(ms.mutable(tuple(values)))
 
     @ms.jit
     def construct(self, values):

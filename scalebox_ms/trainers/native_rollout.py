@@ -2,7 +2,7 @@
 
 With ``env.backend: native`` the env's state already lives in MindSpore Parameters, so the whole rollout can
 stay on the device: a graph ``while`` loop over a Tensor counter (compiles in about a second, whatever T is)
-writes each step into device-resident (T, N, ...) Parameter buffers by Tensor index (slice assignment of a
+writes each step into a device-resident :class:`~scalebox_ms.buffers.RolloutBuffer` by Tensor index (slice assignment of a
 Parameter inside a graph is silently dropped on MindSpore 2.10, see DESIGN.md). The trainer then copies the
 buffers to the host once per iteration for GAE and the update. Python->graph calls per iteration drop from
 T + 1 to 1 (plus the update calls).
@@ -18,6 +18,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from ..buffers.device import RolloutBuffer
 from ..envs.native.vector import transition
 
 
@@ -38,17 +39,8 @@ class CompiledRollout(nn.Cell):
         self.dyn = env._dyn
         self.n_steps = T
         self.normalize = normalize
-        self.obs_raw = _buffer((T, N, spec.obs_dim), np.float32, "rollout_obs_raw")
-        self.obs = _buffer((T, N, spec.obs_dim), np.float32, "rollout_obs")
-        self.actions = _buffer((T, N) if spec.discrete else (T, N, spec.action_dim),
-                               np.int32 if spec.discrete else np.float32, "rollout_actions")
-        self.log_probs = _buffer((T, N), np.float32, "rollout_log_probs")
-        self.values = _buffer((T, N), np.float32, "rollout_values")
-        self.rewards = _buffer((T, N), np.float32, "rollout_rewards")
-        # flags as uint8: MindSpore's CPU ScatterNdUpdate (Tensor-index assignment) has no bool kernel
-        self.terminated = _buffer((T, N), np.uint8, "rollout_terminated")
-        self.truncated = _buffer((T, N), np.uint8, "rollout_truncated")
-        self.valid = _buffer((T, N), np.uint8, "rollout_valid")
+        self.buffer = RolloutBuffer(T, N, spec.obs_dim, () if spec.discrete else (spec.action_dim,), spec.discrete)
+        self.obs_raw = _buffer((T, N, spec.obs_dim), np.float32, "rollout_obs_raw")  # for the obs statistics
 
     def _normalize(self, obs, mean, inv_std, clip):
         if self.normalize:
@@ -67,16 +59,10 @@ class CompiledRollout(nn.Cell):
             # store what was observed BEFORE the env state is overwritten: measured on MindSpore 2.10, a value
             # read from a Parameter may otherwise be materialised after a later assign to that Parameter
             self.obs_raw[t] = raw
-            self.obs[t] = obs
-            self.actions[t] = action
-            self.log_probs[t] = log_prob
-            self.values[t] = value
-            self.valid[t] = valid.astype(ms.uint8)
+            self.buffer.store_observation(t, obs, action, log_prob, value, valid)
             ns, steps, done, reward, terminated, truncated = transition(
                 self.dyn, env.state, env.steps, env.needs_reset, action, reset_noise[t])
-            self.rewards[t] = reward
-            self.terminated[t] = terminated.astype(ms.uint8)
-            self.truncated[t] = truncated.astype(ms.uint8)
+            self.buffer.store_outcome(t, reward, terminated, truncated)
             ops.assign(env.state, ns)
             ops.assign(env.steps, steps)
             ops.assign(env.needs_reset, done)

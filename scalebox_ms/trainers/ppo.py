@@ -313,14 +313,15 @@ class PPOTrainer:
         last_raw, last_value = cell(ms.Tensor(act_noise), ms.Tensor(reset_noise), ms.Tensor(mean),
                                     ms.Tensor(inv_std), ms.Tensor(clip))
         last_value = last_value.asnumpy()
-        storage.obs[:] = cell.obs.asnumpy()
-        storage.actions[:] = cell.actions.asnumpy()
-        storage.log_probs[:] = cell.log_probs.asnumpy()
-        storage.values[:] = cell.values.asnumpy()
-        rewards = cell.rewards.asnumpy().astype(np.float64)
-        terminated = cell.terminated.asnumpy().astype(bool)
-        truncated = cell.truncated.asnumpy().astype(bool)
-        valid_all = cell.valid.asnumpy().astype(bool)
+        buf = cell.buffer
+        storage.obs[:] = buf.obs.asnumpy()
+        storage.actions[:] = buf.actions.asnumpy()
+        storage.log_probs[:] = buf.log_probs.asnumpy()
+        storage.values[:] = buf.values.asnumpy()
+        rewards = buf.rewards.asnumpy().astype(np.float64)
+        terminated = buf.terminated.asnumpy().astype(bool)
+        truncated = buf.truncated.asnumpy().astype(bool)
+        valid_all = buf.valid.asnumpy().astype(bool)
         obs_raw = cell.obs_raw.asnumpy()
         t_graph = time.perf_counter() - t0
         for t in range(T):
@@ -464,7 +465,7 @@ class PPOTrainer:
         named = self._named_state()
         if getattr(self, "_writer", None) is None:
             self._writer = AssignParameters([param for _, param in named])
-        self._writer(tuple(ms.Tensor(np.asarray(v, dtype=param.asnumpy().dtype)) for (_, param), v in zip(named, values)))
+        self._writer.write(ms.Tensor(np.asarray(v, dtype=param.asnumpy().dtype)) for (_, param), v in zip(named, values))
 
     # ------------------------------------------------------------------ inference
     def predict(self, obs, deterministic: bool = True) -> np.ndarray:

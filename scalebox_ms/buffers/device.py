@@ -1,0 +1,187 @@
+"""Device-resident buffers: rollout storage with GAE as a graph reverse scan, and a replay ring buffer.
+
+Both keep their data in MindSpore Parameters, so compiled graphs (a native-env rollout, a train step) can
+write and read them without a host round trip. Writes go through Tensor-index assignment / ``scatter_update``
+(``param[s:e] = x`` inside a graph is silently dropped on MindSpore 2.10, see DESIGN.md); flags are stored as
+uint8 because the CPU ScatterNdUpdate kernel has no bool variant. Anything random (replay sampling) takes its
+uniform noise as an input, drawn by a numpy Generator, so results are reproducible and checkpointable.
+"""
+from __future__ import annotations
+
+from typing import Dict, Sequence, Tuple
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+
+def _param(shape, dtype, name):
+    return Parameter(Tensor(np.zeros(shape, dtype)), name=name, requires_grad=False)
+
+
+class RolloutBuffer(nn.Cell):
+    """(T, N, ...) rollout storage on the device with GAE computed in graph.
+
+    Fields: ``obs``, ``actions``, ``log_probs``, ``values``, ``rewards``, ``terminated``, ``truncated``,
+    ``valid`` (uint8 flags), and after :meth:`compute_gae`: ``advantages``, ``returns``. Semantics are those of
+    :func:`scalebox_ms.buffers.compute_gae` (NEXT_STEP autoreset: invalid steps get advantage 0, truncated
+    episodes bootstrap from the value of the next stored step), which is the numpy reference it is tested against.
+    """
+
+    def __init__(self, n_steps: int, num_envs: int, obs_dim: int, action_shape: Tuple[int, ...] = (),
+                 discrete: bool = True):
+        super().__init__()
+        T, N = int(n_steps), int(num_envs)
+        self.n_steps, self.num_envs = T, N
+        self.obs = _param((T, N, obs_dim), np.float32, "obs")
+        self.actions = _param((T, N) + tuple(action_shape), np.int32 if discrete else np.float32, "actions")
+        self.log_probs = _param((T, N), np.float32, "log_probs")
+        self.values = _param((T, N), np.float32, "values")
+        self.rewards = _param((T, N), np.float32, "rewards")
+        self.terminated = _param((T, N), np.uint8, "terminated")
+        self.truncated = _param((T, N), np.uint8, "truncated")
+        self.valid = _param((T, N), np.uint8, "valid")
+        self.advantages = _param((T, N), np.float32, "advantages")
+        self.returns = _param((T, N), np.float32, "returns")
+
+    def store_observation(self, t, obs, action, log_prob, value, valid):
+        """Graph code: what the policy saw and did at step ``t`` (a Tensor index)."""
+        self.obs[t] = obs
+        self.actions[t] = action
+        self.log_probs[t] = log_prob
+        self.values[t] = value
+        self.valid[t] = valid.astype(ms.uint8)
+
+    def store_outcome(self, t, reward, terminated, truncated):
+        """Graph code: what the env returned at step ``t``."""
+        self.rewards[t] = reward
+        self.terminated[t] = terminated.astype(ms.uint8)
+        self.truncated[t] = truncated.astype(ms.uint8)
+
+    @ms.jit
+    def compute_gae(self, last_values, gamma, gae_lambda):
+        """Reverse scan over t = T-1 .. 0 in a graph while loop; fills ``advantages`` and ``returns``."""
+        running = ops.zeros_like(last_values)
+        next_values = last_values
+        t = Tensor(self.n_steps - 1, ms.int32)
+        while t >= 0:
+            term = self.terminated[t].astype(ms.float32)
+            done = ops.maximum(term, self.truncated[t].astype(ms.float32))
+            valid = self.valid[t].astype(ms.float32)
+            value = self.values[t]
+            delta = self.rewards[t] + gamma * (1.0 - term) * next_values - value
+            running = (delta + gamma * gae_lambda * (1.0 - done) * running) * valid
+            self.advantages[t] = running
+            self.returns[t] = (running + value) * valid
+            next_values = value
+            t = t - 1
+        return self.advantages
+
+    def fill(self, **arrays) -> None:
+        """Host API: copy numpy arrays into the buffers (flags as bool or uint8)."""
+        from ..ops import AssignParameters
+
+        names = list(arrays)
+        params = [getattr(self, n) for n in names]
+        values = tuple(Tensor(np.asarray(arrays[n]).astype(p.asnumpy().dtype)) for n, p in zip(names, params))
+        AssignParameters(params).write(values)
+
+
+class ReplayBuffer(nn.Cell):
+    """Ring buffer of ``capacity`` transitions on the device.
+
+    ``specs`` maps field names to (per-item shape, numpy dtype), e.g.
+    ``{"obs": ((4,), np.float32), "action": ((), np.int32), "reward": ((), np.float32)}``.
+
+    Graph API (usable inside your own compiled train step): :meth:`add` writes a batch at the ring position
+    with wrap-around; :meth:`gather` returns the items at ``floor(u * len)`` for uniform noise ``u`` in [0, 1)
+    (uniform sampling with replacement). Host API: :meth:`add_batch`, :meth:`sample`, ``len(buffer)``,
+    :meth:`state_dict` / :meth:`load_state_dict`.
+    """
+
+    def __init__(self, capacity: int, specs: Dict[str, Tuple[Sequence[int], type]]):
+        super().__init__()
+        if int(capacity) < 1:
+            raise ValueError(f"capacity: must be >= 1, got {capacity}")
+        if not specs:
+            raise ValueError("specs: at least one field is required")
+        self.capacity = int(capacity)
+        self.names = tuple(specs)
+        self.specs = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in specs.items()}
+        self.fields = ms.ParameterTuple([_param((self.capacity,) + shape, dt, f"replay_{name}")
+                                         for name, (shape, dt) in self.specs.items()])
+        self.position = _param((), np.int32, "replay_position")
+        self.size = _param((), np.int32, "replay_size")
+        self._compiled = {}  # a plain dict: a child Cell pointing back at this Cell would make a cycle
+
+    # -- graph API ---------------------------------------------------------------------------------
+    def add(self, items):
+        """Write a batch (tuple in ``specs`` order, each (B, ...)) at the ring position; returns the new size."""
+        b = items[0].shape[0]
+        idx = ops.remainder(self.position + ops.arange(b, dtype=ms.int32), self.capacity)
+        for field, value in zip(self.fields, items):
+            ops.scatter_update(field, idx, value)
+        ops.assign(self.position, ops.remainder(self.position + b, self.capacity))
+        new_size = ops.minimum(self.size + b, self.capacity)
+        ops.assign(self.size, new_size)
+        return new_size
+
+    def gather(self, u):
+        """Items at indices ``floor(u * len(self))`` for u in [0, 1): uniform sampling with replacement."""
+        n = ops.maximum(self.size, 1).astype(ms.float32)
+        idx = ops.minimum(ops.floor(u * n).astype(ms.int32), self.size - 1)
+        return tuple(ops.gather(field, idx, 0) for field in self.fields)
+
+    # -- host API ----------------------------------------------------------------------------------
+    def add_batch(self, **arrays) -> int:
+        missing = set(self.names) - set(arrays)
+        if missing or set(arrays) - set(self.names):
+            raise ValueError(f"add_batch: expected fields {list(self.names)}, got {sorted(arrays)}")
+        if "add" not in self._compiled:
+            self._compiled["add"] = _Compiled(self, "add")
+        items = ms.mutable(tuple(Tensor(np.asarray(arrays[n], self.specs[n][1])) for n in self.names))
+        return int(self._compiled["add"](items).asnumpy())
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> Dict[str, np.ndarray]:
+        if len(self) == 0:
+            raise ValueError("sample: the replay buffer is empty")
+        if "gather" not in self._compiled:
+            self._compiled["gather"] = _Compiled(self, "gather")
+        u = Tensor(rng.random(int(batch_size)).astype(np.float32))
+        return {n: v.asnumpy() for n, v in zip(self.names, self._compiled["gather"](u))}
+
+    def __len__(self) -> int:
+        return int(self.size.asnumpy())
+
+    def state_dict(self) -> Dict[str, np.ndarray]:
+        out = {name: field.asnumpy()[: len(self)].copy() for name, field in zip(self.names, self.fields)}
+        out["_position"] = np.asarray(int(self.position.asnumpy()))
+        out["_size"] = np.asarray(len(self))
+        return out
+
+    def load_state_dict(self, state: Dict[str, np.ndarray]) -> None:
+        from ..ops import AssignParameters
+
+        size = int(state["_size"])
+        values = []
+        for name, field in zip(self.names, self.fields):
+            full = np.zeros(field.shape, self.specs[name][1])
+            full[:size] = state[name]
+            values.append(Tensor(full))
+        values += [Tensor(np.asarray(int(state["_position"]), np.int32)), Tensor(np.asarray(size, np.int32))]
+        AssignParameters(list(self.fields) + [self.position, self.size]).write(values)
+
+
+class _Compiled(nn.Cell):
+    """A compiled call of one ReplayBuffer graph method."""
+
+    def __init__(self, buffer: ReplayBuffer, method: str):
+        super().__init__(auto_prefix=False)
+        self.buffer = buffer
+        self.is_add = method == "add"
+
+    @ms.jit
+    def construct(self, x):
+        if self.is_add:
+            return self.buffer.add(x)
+        return self.buffer.gather(x)
