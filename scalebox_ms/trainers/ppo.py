@@ -259,25 +259,11 @@ class PPOTrainer:
             terminated = np.asarray(terminated, bool) & valid
             truncated = np.asarray(truncated, bool) & valid
             done = terminated | truncated
-
-            self._ep_return += np.where(valid, reward, 0.0)
-            self._ep_length += valid
-            for i in np.flatnonzero(done):
-                self.episode_returns.append(float(self._ep_return[i]))
-                self.episode_lengths.append(int(self._ep_length[i]))
-                self.episodes += 1
-            self._ep_return[done] = 0.0
-            self._ep_length[done] = 0
-
-            if self.reward_scaler is not None:
-                train_reward = self.reward_scaler(reward, done, valid)
-            else:
-                train_reward = reward.astype(np.float32)
+            storage.rewards[t] = self._account_step(reward, done, valid)
             storage.obs[t] = obs
             storage.actions[t] = action
             storage.log_probs[t] = log_prob
             storage.values[t] = value
-            storage.rewards[t] = np.where(valid, train_reward, 0.0)
             storage.terminated[t] = terminated
             storage.truncated[t] = truncated
             storage.valid[t] = valid
@@ -285,6 +271,20 @@ class PPOTrainer:
             self._obs = self.normalize_obs(raw_obs, update=True)
             self._valid = ~done
         return t_act, t_env
+
+    def _account_step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Episode statistics (raw rewards) and the training reward (scaled if configured, 0 on autoreset steps)."""
+        self._ep_return += np.where(valid, reward, 0.0)
+        self._ep_length += valid
+        for i in np.flatnonzero(done):
+            self.episode_returns.append(float(self._ep_return[i]))
+            self.episode_lengths.append(int(self._ep_length[i]))
+            self.episodes += 1
+        self._ep_return[done] = 0.0
+        self._ep_length[done] = 0
+        train_reward = (self.reward_scaler(reward, done, valid) if self.reward_scaler is not None
+                        else reward.astype(np.float32))
+        return np.where(valid, train_reward, 0.0)
 
     def _collect_compiled(self, storage):
         """Native envs: one graph call runs all T steps; then the same host bookkeeping as :meth:`_collect`."""
@@ -325,18 +325,7 @@ class PPOTrainer:
         obs_raw = cell.obs_raw.asnumpy()
         t_graph = time.perf_counter() - t0
         for t in range(T):
-            valid, done = valid_all[t], terminated[t] | truncated[t]
-            self._ep_return += np.where(valid, rewards[t], 0.0)
-            self._ep_length += valid
-            for i in np.flatnonzero(done):
-                self.episode_returns.append(float(self._ep_return[i]))
-                self.episode_lengths.append(int(self._ep_length[i]))
-                self.episodes += 1
-            self._ep_return[done] = 0.0
-            self._ep_length[done] = 0
-            train_reward = (self.reward_scaler(rewards[t], done, valid) if self.reward_scaler is not None
-                            else rewards[t].astype(np.float32))
-            storage.rewards[t] = np.where(valid, train_reward, 0.0)
+            storage.rewards[t] = self._account_step(rewards[t], terminated[t] | truncated[t], valid_all[t])
         storage.terminated[:] = terminated
         storage.truncated[:] = truncated
         storage.valid[:] = valid_all
