@@ -8,7 +8,9 @@ Python->graph calls per iteration (gymnasium path, ``n_steps`` = T, ``n_epochs``
 * E * B/b update calls (:class:`~scalebox_ms.trainers.ppo_update.PPOUpdateStep`: loss + grads + Adam),
   fewer when ``target_kl`` stops the update early.
 
-CartPole with rl-zoo3's settings (T=32, E=20, B=b=256): 32 + 1 + 20 = 53 calls per 256 env steps. Everything
+CartPole with rl-zoo3's settings (T=32, E=20, B=b=256): 32 + 1 + 20 = 53 calls per 256 env steps. With
+``env.backend: native`` and ``env.compiled_rollout`` the T acting calls, the env steps and the bootstrap value
+become one call (:mod:`.native_rollout`): 1 + 20 = 21 calls. Everything
 random (sampling noise, minibatch permutations) is drawn from one numpy ``PCG64`` Generator seeded from
 ``run.seed`` and saved in checkpoints, so runs are reproducible and resumable bit for bit.
 """

@@ -301,7 +301,8 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         "device": trainer.sandbox.device,
         "batch_size": trainer.batch_size,
         "graph_calls_per_iteration": None if trainer.batch_size is None else
-        cfg.ppo.n_steps + 1 + cfg.ppo.n_epochs * (cfg.ppo.n_steps * cfg.env.num_envs // trainer.batch_size),
+        (1 if trainer._compiled_rollout else cfg.ppo.n_steps + 1)
+        + cfg.ppo.n_epochs * (cfg.ppo.n_steps * cfg.env.num_envs // trainer.batch_size),
     }
     if trainer.auto_batch is not None:
         summary["auto_batch"] = trainer.auto_batch
