@@ -46,7 +46,7 @@ def test_replay_add_wraps_around_like_a_ring():
     specs = {"obs": ((3,), np.float32), "action": ((), np.int32)}
     buf, ref = ReplayBuffer(10, specs), NumpyRing(10)
     rng = np.random.default_rng(0)
-    for b in (4, 4, 5, 7, 1):
+    for b in (4, 4, 5, 7, 1, 23):  # 23 > capacity: only the last 10 items survive
         batch = {"obs": rng.normal(size=(b, 3)).astype(np.float32), "action": rng.integers(0, 9, b).astype(np.int32)}
         assert buf.add_batch(**batch) == min(ref.size + b, 10)
         ref.add(**batch)

@@ -131,7 +131,8 @@ def test_native_backend_config_errors(sets, culprit):
         Config.from_dict(sets)
 
 
-@pytest.mark.parametrize("env_id, extra", [("CartPole-v1", {}), ("Pendulum-v1", {"normalize_reward": True})])
+@pytest.mark.parametrize("env_id, extra", [("CartPole-v1", {}), ("Pendulum-v1", {"normalize_reward": True}),
+                                           ("MountainCarContinuous-v0", {})])  # reward uses the clipped action
 def test_compiled_rollout_equals_the_step_by_step_loop(env_id, extra):
     """One graph call for the whole rollout gives the same rollouts, so the same parameters, as T calls."""
     from conftest import small_config

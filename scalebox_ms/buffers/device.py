@@ -118,7 +118,10 @@ class ReplayBuffer(nn.Cell):
     def add(self, items):
         """Write a batch (tuple in ``specs`` order, each (B, ...)) at the ring position; returns the new size."""
         b = items[0].shape[0]
-        idx = ops.remainder(self.position + ops.arange(b, dtype=ms.int32), self.capacity)
+        skip = max(0, b - self.capacity)  # static: a batch larger than the ring keeps only its last items
+        if skip:
+            items = tuple(x[skip:] for x in items)
+        idx = ops.remainder(self.position + skip + ops.arange(b - skip, dtype=ms.int32), self.capacity)
         for field, value in zip(self.fields, items):
             ops.scatter_update(field, idx, value)
         ops.assign(self.position, ops.remainder(self.position + b, self.capacity))

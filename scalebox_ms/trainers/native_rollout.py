@@ -39,6 +39,10 @@ class CompiledRollout(nn.Cell):
         self.dyn = env._dyn
         self.n_steps = T
         self.normalize = normalize
+        self.discrete = spec.discrete
+        if not spec.discrete:  # the env gets actions clipped to the Box, the buffer keeps the sample (as _collect)
+            self.low = Tensor(np.asarray(spec.low, np.float32))
+            self.high = Tensor(np.asarray(spec.high, np.float32))
         self.buffer = RolloutBuffer(T, N, spec.obs_dim, () if spec.discrete else (spec.action_dim,), spec.discrete)
         self.obs_raw = _buffer((T, N, spec.obs_dim), np.float32, "rollout_obs_raw")  # for the obs statistics
 
@@ -60,8 +64,9 @@ class CompiledRollout(nn.Cell):
             # read from a Parameter may otherwise be materialised after a later assign to that Parameter
             self.obs_raw[t] = raw
             self.buffer.store_observation(t, obs, action, log_prob, value, valid)
+            env_action = action if self.discrete else ops.clip_by_value(action, self.low, self.high)
             ns, steps, done, reward, terminated, truncated = transition(
-                self.dyn, env.state, env.steps, env.needs_reset, action, reset_noise[t])
+                self.dyn, env.state, env.steps, env.needs_reset, env_action, reset_noise[t])
             self.buffer.store_outcome(t, reward, terminated, truncated)
             ops.assign(env.state, ns)
             ops.assign(env.steps, steps)
