@@ -51,7 +51,6 @@ def worker_scalebox(seed: int, steps: int) -> dict:
 
 def worker_sb3(seed: int, steps: int) -> dict:
     t0 = time.perf_counter()
-    import numpy as np
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy

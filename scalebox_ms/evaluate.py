@@ -40,7 +40,6 @@ def main(argv=None) -> int:
             return _evaluate_mindir(args)
         if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):
             raise CheckpointError(f"--run {args.run}: not a run directory (no config.yaml)")
-        import numpy as np
 
         from .config import load_config
         from .trainers import PPOTrainer
@@ -52,10 +51,8 @@ def main(argv=None) -> int:
         trainer = PPOTrainer(cfg).load(ckpt)
         rets = evaluate_policy(trainer, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)
         trainer.close()
-        result = {"mean_return": float(np.mean(rets)), "std_return": float(np.std(rets)), "episodes": len(rets),
-                  "min_return": float(np.min(rets)), "max_return": float(np.max(rets)),
-                  "checkpoint": ckpt, "global_step": trainer.global_step, "env_id": cfg.env.id,
-                  "deterministic": not args.stochastic}
+        result = {**return_stats(rets), "checkpoint": ckpt, "global_step": trainer.global_step,
+                  "env_id": cfg.env.id, "deterministic": not args.stochastic}
         if args.json:
             print(json.dumps(result))
         else:
@@ -65,8 +62,14 @@ def main(argv=None) -> int:
     return run_cli(go)
 
 
-def _evaluate_mindir(args) -> None:
+def return_stats(rets) -> dict:
     import numpy as np
+
+    return {"mean_return": float(np.mean(rets)), "std_return": float(np.std(rets)), "episodes": len(rets),
+            "min_return": float(np.min(rets)), "max_return": float(np.max(rets))}
+
+
+def _evaluate_mindir(args) -> None:
 
     from .errors import ConfigError
     from .export import evaluate_mindir
@@ -74,9 +77,7 @@ def _evaluate_mindir(args) -> None:
     if args.checkpoint or args.stochastic:
         raise ConfigError("--checkpoint/--stochastic do not apply to --mindir (an exported policy is deterministic)")
     rets = evaluate_mindir(args.mindir, episodes=args.episodes, seed=args.seed)
-    result = {"mean_return": float(np.mean(rets)), "std_return": float(np.std(rets)), "episodes": len(rets),
-              "min_return": float(np.min(rets)), "max_return": float(np.max(rets)), "mindir": args.mindir,
-              "deterministic": True}
+    result = {**return_stats(rets), "mindir": args.mindir, "deterministic": True}
     if args.json:
         print(json.dumps(result))
     else:

@@ -27,7 +27,6 @@ FORMAT = "scalebox_ms.policy.mindir.v1"
 
 
 def _deploy_cell(policy_cell, obs_normalizer):
-    import mindspore as ms
     from mindspore import Tensor, nn, ops
 
     class DeployPolicy(nn.Cell):
@@ -186,7 +185,6 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    import sys
 
     from .cli_common import run_cli
 

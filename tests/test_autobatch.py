@@ -1,5 +1,4 @@
 """Dynamic batching: the choice logic, probing without side effects, OOM halving, resume."""
-import numpy as np
 import pytest
 
 from conftest import small_config

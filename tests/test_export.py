@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import REPO, run_module, small_config
+from conftest import run_module, small_config
 from scalebox_ms.export import export_mindir, sidecar_path
 from scalebox_ms.trainers import PPOTrainer
 

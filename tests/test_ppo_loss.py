@@ -111,15 +111,20 @@ def test_update_step_applies_and_kl_limit_skips():
     assert float(step.learning_rate.asnumpy()) == pytest.approx(1e-3)
 
 
-def test_update_step_without_target_kl_always_applies():
+def step_with_batch(seed, B=32):
+    """A fresh PPOUpdateStep and its (features, actions, indices) inputs for one full-batch minibatch."""
     cfg = Config()
     model = build_model(SpaceSpec(4, True, 2), cfg.policy)
-    step = PPOUpdateStep(model, cfg.ppo)
-    rng = np.random.default_rng(2)
-    obs, act, old_lp, old_v, adv, ret, mask = make_batch(model, rng, B=32)
+    obs, act, old_lp, old_v, adv, ret, mask = make_batch(model, np.random.default_rng(seed), B=B)
+    inputs = [ms.Tensor(pack_features(obs, old_lp, old_v, adv, ret, mask)), ms.Tensor(act),
+              ms.Tensor(np.arange(B, dtype=np.int32))]
+    return model, PPOUpdateStep(model, cfg.ppo), inputs
+
+
+def test_update_step_without_target_kl_always_applies():
+    model, step, inputs = step_with_batch(2)
     before = _state(step)
-    out = step(ms.Tensor(pack_features(obs, old_lp, old_v, adv, ret, mask)), ms.Tensor(act),
-               ms.Tensor(np.arange(32, dtype=np.int32)), *[ms.Tensor(np.float32(x)) for x in (1e-3, 0.2, np.inf, -1.0)])
+    out = step(*inputs, *[ms.Tensor(np.float32(x)) for x in (1e-3, 0.2, np.inf, -1.0)])
     assert out.asnumpy()[6] == 0.0  # reported: approx_kl > limit ...
     assert not np.array_equal(before[0], _state(step)[0])  # ... but no target_kl: the step is applied
 
@@ -139,13 +144,7 @@ def test_clip_grad_norm_matches_torch_semantics():
 
 
 def test_learning_rate_input_reaches_the_optimizer():
-    cfg = Config()
-    model = build_model(SpaceSpec(4, True, 2), cfg.policy)
-    step = PPOUpdateStep(model, cfg.ppo)
-    rng = np.random.default_rng(4)
-    obs, act, old_lp, old_v, adv, ret, mask = make_batch(model, rng, B=32)
-    args = [ms.Tensor(pack_features(obs, old_lp, old_v, adv, ret, mask)), ms.Tensor(act),
-            ms.Tensor(np.arange(32, dtype=np.int32))]
+    model, step, args = step_with_batch(4)
     rest = [ms.Tensor(np.float32(x)) for x in (0.2, np.inf, np.inf)]
     w0 = model.pi_net[0].weight.asnumpy().copy()
     step(*args, ms.Tensor(np.float32(0.0)), *rest)

@@ -1,6 +1,4 @@
 """PPOTrainer as a library: learning loop, predict, checkpoints, early stop, continuous actions."""
-import json
-import os
 
 import numpy as np
 import pytest

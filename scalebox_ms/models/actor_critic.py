@@ -11,7 +11,7 @@ can also embed in their own MindSpore code.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import mindspore as ms
 import numpy as np

@@ -20,7 +20,7 @@ import collections
 import hashlib
 import logging
 import time
-from typing import Callable, Iterable, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -88,6 +88,9 @@ class PPOTrainer:
                                 worker_memory_limit=getattr(sb, "worker_memory_limit_bytes", None), backend=e.backend)
         self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id)
         self.model = build_model(self.spec, config.policy)
+        if not self.spec.discrete:  # Box bounds for clipping the sampled actions, once
+            self._action_low = np.asarray(self.spec.low, np.float32)
+            self._action_high = np.asarray(self.spec.high, np.float32)
         self.act_step = ActStep(self.model)
         self._act_packed = ActStep(self.model, packed=True)  # same weights, one output buffer per call
         self.value_step = ValueStep(self.model)
@@ -136,7 +139,7 @@ class PPOTrainer:
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         if self.spec.discrete:
             return actions.astype(np.int64)
-        return np.clip(actions, np.asarray(self.spec.low, np.float32), np.asarray(self.spec.high, np.float32))
+        return np.clip(actions, self._action_low, self._action_high)
 
     def _reset_envs(self, seed: Optional[int]) -> None:
         obs, _ = self.env.reset(seed=seed)
