@@ -48,6 +48,14 @@ class PolicyConfig:
     ortho_init: bool = True
     #: initial log standard deviation of the Gaussian head (continuous actions)
     log_std_init: float = 0.0
+    #: 'dense' (nn.Dense + activation cells) or 'fused' (scalebox_ms.ops.FusedDense: Linear + bias +
+    #: activation as one operator, storage padded to ``align`` elements; same outputs and checkpoints)
+    layer: str = "dense"
+    #: alignment (elements) of FusedDense storage; 1 disables padding
+    align: int = 16
+    #: acting-call kernel: 'builtin' (MindSpore ops), 'custom' (the C++ fused-MLP aot kernel of
+    #: scalebox_ms.ops.custom; inference only), 'auto' (custom where benchmarks/acting_kernels.py measured it faster)
+    act_kernel: str = "builtin"
 
 
 @dataclass
@@ -107,12 +115,44 @@ class SandboxConfig:
 
 
 @dataclass
+class AmpConfig:
+    #: MindSpore amp level: 'O0' (off, float32), 'O1' (white-list ops in low precision), 'O2' (network in low
+    #: precision, BatchNorm/loss in float32), 'O3' (everything in low precision)
+    level: str = "O0"
+    #: 'float16' or 'bfloat16' (bfloat16 MatMul is unsupported on CPU: refused at start-up there)
+    dtype: str = "float16"
+    #: dynamic loss scaling: initial scale, growth after growth_interval finite steps, backoff on overflow
+    init_scale: float = 1024.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+
+@dataclass
+class ParallelConfig:
+    #: data-parallel worker processes launched with msrun (1: single process). env.num_envs and
+    #: ppo.batch_size are global: each rank steps num_envs / workers envs and computes batch_size / workers
+    #: samples of each minibatch; gradients are averaged across ranks (HCCL / NCCL / MCCL)
+    workers: int = 1
+    #: accumulate the gradient of each minibatch over this many micro-batches before one optimizer step
+    gradient_accumulation: int = 1
+    #: alternatively the micro-batch size (per rank); must divide the per-rank minibatch
+    micro_batch_size: Optional[int] = None
+    #: > 1: MindSpore pipeline parallelism (Ascend/GPU only; refused on CPU)
+    pipeline_stages: int = 1
+    #: seconds to wait for the other ranks before the job is declared failed
+    timeout: float = 300.0
+
+
+@dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     run: RunConfig = field(default_factory=RunConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    amp: AmpConfig = field(default_factory=AmpConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     # ------------------------------------------------------------------ conversion
     def to_dict(self) -> Dict[str, Any]:
@@ -198,6 +238,10 @@ _CHOICES = {
     ("sandbox", "device"): ("auto", "cpu", "gpu", "ascend"),
     ("sandbox", "isolation_level"): ("none", "process", "strict"),
     ("env", "backend"): ("gymnasium", "native"),
+    ("policy", "layer"): ("dense", "fused"),
+    ("policy", "act_kernel"): ("builtin", "custom", "auto"),
+    ("amp", "level"): ("O0", "O1", "O2", "O3"),
+    ("amp", "dtype"): ("float16", "bfloat16"),
 }
 
 
@@ -239,6 +283,7 @@ def validate(cfg: Config) -> None:
     for key in ("pi_layers", "vf_layers"):
         layers = getattr(p, key)
         _check(all(n >= 1 for n in layers), f"policy.{key}", f"layer sizes must be >= 1, got {layers}")
+    _check(1 <= p.align <= 1024, "policy.align", f"must be in [1, 1024], got {p.align}")
     _check(o.n_steps >= 1, "ppo.n_steps", f"must be >= 1, got {o.n_steps}")
     _check(o.n_epochs >= 1, "ppo.n_epochs", f"must be >= 1, got {o.n_epochs}")
     rollout = o.n_steps * e.num_envs
@@ -271,10 +316,53 @@ def validate(cfg: Config) -> None:
     _check(s.threads >= 0, "sandbox.threads", f"must be >= 0 (0: automatic), got {s.threads}")
     _check(s.device_id >= 0, "sandbox.device_id", f"must be >= 0, got {s.device_id}")
     _check(s.step_timeout > 0, "sandbox.step_timeout", f"must be > 0, got {s.step_timeout}")
+    a = cfg.amp
+    _check(a.init_scale > 0, "amp.init_scale", f"must be > 0, got {a.init_scale}")
+    _check(a.growth_factor >= 1.0, "amp.growth_factor", f"must be >= 1, got {a.growth_factor}")
+    _check(0.0 < a.backoff_factor < 1.0, "amp.backoff_factor", f"must be in (0, 1), got {a.backoff_factor}")
+    _check(a.growth_interval >= 1, "amp.growth_interval", f"must be >= 1, got {a.growth_interval}")
+    _validate_parallel(cfg)
     parse_bytes(s.memory_limit, "sandbox.memory_limit")
     worker = parse_bytes(s.worker_memory_limit, "sandbox.worker_memory_limit")
     _check(worker is None or worker >= 256 * 2**20, "sandbox.worker_memory_limit",
            f"must be at least 256MB (a Python worker with gymnasium needs ~100 MB), got {s.worker_memory_limit!r}")
+
+
+def _validate_parallel(cfg: Config) -> None:
+    par, e, o = cfg.parallel, cfg.env, cfg.ppo
+    w = par.workers
+    _check(1 <= w <= 1024, "parallel.workers", f"must be in [1, 1024], got {w}")
+    _check(par.timeout > 0, "parallel.timeout", f"must be > 0, got {par.timeout}")
+    _check(par.pipeline_stages >= 1, "parallel.pipeline_stages", f"must be >= 1, got {par.pipeline_stages}")
+    _check(par.gradient_accumulation >= 1, "parallel.gradient_accumulation",
+           f"must be >= 1, got {par.gradient_accumulation}")
+    if w > 1:
+        _check(e.num_envs % w == 0, "env.num_envs", f"({e.num_envs}) must be divisible by parallel.workers ({w})")
+        _check(o.batch_size != "auto", "ppo.batch_size", "'auto' is not supported with parallel.workers > 1")
+    if isinstance(o.batch_size, int):
+        _check(o.batch_size % w == 0, "ppo.batch_size", f"({o.batch_size}) must be divisible by parallel.workers ({w})")
+        per_rank = o.batch_size // w
+        if par.micro_batch_size is not None:
+            m = par.micro_batch_size
+            _check(m >= 1 and per_rank % m == 0, "parallel.micro_batch_size",
+                   f"({m}) must divide the per-rank minibatch ppo.batch_size / parallel.workers ({per_rank})")
+            _check(par.gradient_accumulation in (1, per_rank // m), "parallel.gradient_accumulation",
+                   f"({par.gradient_accumulation}) contradicts parallel.micro_batch_size ({m}): "
+                   f"{per_rank} / {m} = {per_rank // m} micro-batches")
+        else:
+            k = par.gradient_accumulation
+            _check(per_rank % k == 0, "parallel.gradient_accumulation",
+                   f"({k}) must divide the per-rank minibatch ppo.batch_size / parallel.workers ({per_rank})")
+    elif par.micro_batch_size is not None or par.gradient_accumulation > 1:
+        raise ConfigError("parallel.gradient_accumulation: needs a fixed ppo.batch_size, not 'auto'")
+
+
+def micro_batches(cfg: Config) -> int:
+    """Number of micro-batches each rank splits its minibatch into (1: no accumulation)."""
+    par = cfg.parallel
+    if par.micro_batch_size is not None and isinstance(cfg.ppo.batch_size, int):
+        return cfg.ppo.batch_size // par.workers // par.micro_batch_size
+    return par.gradient_accumulation
 
 
 def _check(ok: bool, key: str, msg: str) -> None:
