@@ -4,6 +4,8 @@
 Gaussian action distributions, written as MindSpore ops so they compile into the acting and update graphs.
 ``clip``: global gradient-norm clipping (torch ``clip_grad_norm_`` semantics) with few kernels.
 ``assign``: write Parameter values in a compiled call (``set_data`` is invisible to compiled graphs).
+``fused``: ``FusedDense`` (Linear + bias + activation, storage padded to aligned shapes) and MLPs of it.
+``custom`` (imported on use): C++ kernels registered with ``ops.Custom(func_type="aot")``, compiled on first use.
 """
 from .assign import AssignParameters
 from .clip import clip_grad_norm
@@ -15,14 +17,19 @@ from .distributions import (
     gaussian_log_prob,
     gaussian_sample,
 )
+from .fused import FusedDense, aligned, fused_mlp, mlp_layers
 
 __all__ = [
     "AssignParameters",
-    "clip_grad_norm",
+    "FusedDense",
+    "aligned",
     "categorical_entropy",
     "categorical_log_prob",
     "categorical_sample",
+    "clip_grad_norm",
+    "fused_mlp",
     "gaussian_entropy",
     "gaussian_log_prob",
     "gaussian_sample",
+    "mlp_layers",
 ]

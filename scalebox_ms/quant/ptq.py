@@ -94,15 +94,11 @@ class QuantizedPolicy(nn.Cell):
 
 
 def _dense_layers(seq: nn.SequentialCell):
-    """[(weight, bias, activation name or None)] of an MLP built by :func:`scalebox_ms.models.actor_critic.mlp`."""
-    cells = list(seq.cells())
-    out = []
-    for i, cell in enumerate(cells):
-        if isinstance(cell, nn.Dense):
-            nxt = cells[i + 1] if i + 1 < len(cells) else None
-            act = "tanh" if isinstance(nxt, nn.Tanh) else "relu" if isinstance(nxt, nn.ReLU) else None
-            out.append((cell.weight.asnumpy(), cell.bias.asnumpy(), act))
-    return out
+    """[(weight, bias, activation name or None)] of an MLP built by :func:`scalebox_ms.models.actor_critic.mlp`:
+    ``nn.Dense`` + activation cells or ``FusedDense`` layers (their logical, unpadded weights)."""
+    from ..ops.fused import mlp_layers
+
+    return [(layer.logical_weight(), layer.logical_bias(), layer.activation) for layer in mlp_layers(seq)]
 
 
 class DynamicQuantizer:
