@@ -14,3 +14,8 @@ class ConfigError(ScaleboxError, ValueError):
 
 class CheckpointError(ScaleboxError):
     """A checkpoint that is missing, corrupt, or does not match the run."""
+
+
+class CustomOpError(ScaleboxError):
+    """A custom (C++ aot) operator that cannot be built or used here: no compiler, a failed compile, a backend
+    the kernel does not support, or a use that needs gradients of an inference-only kernel."""
