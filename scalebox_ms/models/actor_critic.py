@@ -4,6 +4,12 @@ Separate policy and value MLPs (SB3's ``MlpPolicy`` layout for PPO), orthogonal 
 sqrt(2) for hidden layers, 0.01 for the policy head and 1 for the value head. Continuous actions use a diagonal
 Gaussian with a state-independent ``log_std`` Parameter.
 
+Layers: ``layer='dense'`` builds ``nn.Dense`` + activation cells; ``layer='fused'`` builds
+:class:`scalebox_ms.ops.FusedDense` layers (Linear + bias + activation as one layer, storage padded to
+``align`` elements) with the same Parameter names (``pi_net.0.weight``, ``pi_net.2.weight``, ...), the same
+logical initial weights under the same seed, and the same outputs and gradients. Checkpoints stay in the
+logical (dense) layout through :meth:`ActorCritic.to_logical` / :meth:`ActorCritic.to_storage`.
+
 The Cell's methods are plain graph code. The compiled entry points are the small wrapper Cells at the bottom
 (:class:`ActStep`, :class:`ValueStep`, :class:`DeterministicStep`), each one ``@ms.jit`` graph, which users
 can also embed in their own MindSpore code.
@@ -11,34 +17,50 @@ can also embed in their own MindSpore code.
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+import warnings
 
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Orthogonal, Zero, initializer
 
-from ..envs.spaces import SpaceSpec  # noqa: F401  (re-exported)
+from ..envs.spaces import SpaceSpec
+from ..errors import CheckpointError, ConfigError, CustomOpError
 from ..ops import distributions as D
-
+from ..ops.fused import FusedDense, fused_mlp, pad_to
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
-def mlp(in_dim: int, hidden: List[int], out_dim: int, activation: str, ortho: bool, out_gain: float) -> nn.SequentialCell:
+LAYERS = ("dense", "fused")
+
+
+def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, ortho: bool, out_gain: float,
+        layer: str = "dense", align: int = 16) -> nn.SequentialCell:
+    """[Dense, Act, Dense, Act, ..., Dense] (``layer='dense'``) or the FusedDense equivalent (``'fused'``).
+
+    Both draw their initial weights with the same initializer calls in the same order, so under the same
+    MindSpore seed they start with the same logical weights.
+    """
+    dims = [in_dim] + list(hidden) + [out_dim]
+    gains = [math.sqrt(2.0) if ortho else None] * len(hidden) + [out_gain if ortho else None]
+    inits = [_inits(dims[i], dims[i + 1], g) for i, g in enumerate(gains)]
+    if layer == "fused":
+        return fused_mlp(dims, activation, align, inits)
+    if layer != "dense":
+        raise ConfigError(f"policy.layer: {layer!r} is not one of {', '.join(LAYERS)}")
     layers = []
-    dims = [in_dim] + list(hidden)
-    for a, b in zip(dims[:-1], dims[1:]):
-        layers += [_dense(a, b, math.sqrt(2.0) if ortho else None), _ACTIVATIONS[activation]()]
-    layers.append(_dense(dims[-1], out_dim, out_gain if ortho else None))
+    for i, (w_init, b_init) in enumerate(inits):
+        layers.append(nn.Dense(dims[i], dims[i + 1], weight_init=w_init, bias_init=b_init))
+        if i < len(inits) - 1:
+            layers.append(_ACTIVATIONS[activation]())
     return nn.SequentialCell(layers)
 
 
-def _dense(a: int, b: int, gain: Optional[float]) -> nn.Dense:
-    if gain is None:  # MindSpore's default initialisation
-        return nn.Dense(a, b)
-    return nn.Dense(a, b, weight_init=initializer(Orthogonal(gain=gain), [b, a], ms.float32),
-                    bias_init=initializer(Zero(), [b], ms.float32))
+def _inits(a: int, b: int, gain: float | None):
+    if gain is None:  # MindSpore's default initialisation (nn.Dense's and FusedDense's defaults)
+        return None, None
+    return (initializer(Orthogonal(gain=gain), [b, a], ms.float32), initializer(Zero(), [b], ms.float32))
 
 
 class ActorCritic(nn.Cell):
@@ -50,19 +72,102 @@ class ActorCritic(nn.Cell):
         activation: 'tanh' or 'relu'.
         ortho_init: orthogonal initialisation (else MindSpore's default).
         log_std_init: initial log standard deviation (continuous actions only).
+        layer: 'dense' (nn.Dense + activation cells) or 'fused' (FusedDense, padded storage).
+        align: FusedDense storage alignment in elements (layer 'fused' only; 1: no padding).
     """
 
     def __init__(self, spec: SpaceSpec, pi_layers=(64, 64), vf_layers=(64, 64), activation: str = "tanh",
-                 ortho_init: bool = True, log_std_init: float = 0.0):
+                 ortho_init: bool = True, log_std_init: float = 0.0, layer: str = "dense", align: int = 16):
         super().__init__()
         self.spec = spec
         self.discrete = spec.discrete
-        self.pi_net = mlp(spec.obs_dim, list(pi_layers), spec.action_dim, activation, ortho_init, 0.01)
-        self.vf_net = mlp(spec.obs_dim, list(vf_layers), 1, activation, ortho_init, 1.0)
+        self.activation = activation
+        self.layer = layer
+        self.align = int(align)
+        self.pi_net = mlp(spec.obs_dim, list(pi_layers), spec.action_dim, activation, ortho_init, 0.01, layer, align)
+        self.vf_net = mlp(spec.obs_dim, list(vf_layers), 1, activation, ortho_init, 1.0, layer, align)
         if not self.discrete:
             self.log_std = Parameter(Tensor(np.full(spec.action_dim, log_std_init, np.float32)), name="log_std")
             self.low = Tensor(np.asarray(spec.low, np.float32))
             self.high = Tensor(np.asarray(spec.high, np.float32))
+        self._layouts: dict[str, tuple[tuple, tuple]] | None = None
+
+    # -- logical (nn.Dense) layout of the Parameters --------------------------------------------
+    def storage_layouts(self) -> dict[str, tuple[tuple, tuple]]:
+        """{parameter name: (logical shape, storage shape)} of the padded (FusedDense) Parameters only."""
+        if self._layouts is None:
+            layouts = {}
+            for prefix, cell in self.cells_and_names():
+                if isinstance(cell, FusedDense):
+                    for which in ("weight", "bias"):
+                        if cell.logical_shape(which) != cell.storage_shape(which):
+                            layouts[f"{prefix}.{which}"] = (cell.logical_shape(which), cell.storage_shape(which))
+            self._layouts = layouts
+        return self._layouts
+
+    def _layout(self, name: str):
+        """(parameter name, logical shape, storage shape) for ``name`` or a name ending with ``.<param name>``."""
+        for pname, (logical, storage) in self.storage_layouts().items():
+            if name == pname or name.endswith("." + pname):
+                return pname, logical, storage
+        return None
+
+    def to_logical(self, name: str, array) -> np.ndarray:
+        """The logical (``nn.Dense``-layout) view of a Parameter or optimizer-state array.
+
+        ``name`` is a parameter name (``"pi_net.0.weight"``) or any name ending with ``.<parameter name>``
+        (``"moment1.pi_net.0.weight"``, ``"model.pi_net.0.weight"``). Padded storage is sliced to the logical
+        shape; arrays already of the logical shape, and all non-padded Parameters, are returned unchanged.
+        """
+        array = np.asarray(array)
+        hit = self._layout(name)
+        if hit is None:
+            return array
+        pname, logical, storage = hit
+        if array.shape == storage:
+            return array[tuple(slice(0, n) for n in logical)].copy()
+        if array.shape == logical:
+            return array
+        raise CheckpointError(f"{name}: shape {array.shape} is neither the storage {storage} nor the logical "
+                              f"{logical} shape of {pname}")
+
+    def to_storage(self, name: str, array) -> np.ndarray:
+        """Inverse of :meth:`to_logical`: zero-pad a logical array to the Parameter's storage shape.
+
+        Arrays already of the storage shape, and all non-padded Parameters, are returned unchanged.
+        """
+        array = np.asarray(array)
+        hit = self._layout(name)
+        if hit is None:
+            return array
+        pname, logical, storage = hit
+        if array.shape == logical:
+            return pad_to(array, storage).astype(array.dtype, copy=False)
+        if array.shape == storage:
+            return array
+        raise CheckpointError(f"{name}: shape {array.shape} does not match the logical shape {logical} of {pname}")
+
+    def logical_parameters(self) -> list[tuple[str, np.ndarray]]:
+        """[(name, logical numpy array)] in parameter order: the names and shapes of the ``layer='dense'`` model."""
+        return [(name, self.to_logical(name, p.asnumpy())) for name, p in self.parameters_and_names()]
+
+    def load_logical_parameters(self, values) -> None:
+        """Write logical arrays (a dict or (name, array) pairs, all parameters) into the Parameters, padded, with one
+        compiled assign so already-compiled graphs see them."""
+        from ..ops.assign import AssignParameters
+
+        values = dict(values)
+        params = list(self.parameters_and_names())
+        missing = [n for n, _ in params if n not in values]
+        if missing:
+            raise CheckpointError(f"load_logical_parameters: missing {', '.join(missing)}")
+        arrays = []
+        for name, p in params:
+            arr = self.to_storage(name, np.asarray(values[name], np.float32))
+            if tuple(arr.shape) != tuple(p.shape):
+                raise CheckpointError(f"{name}: shape {arr.shape} does not match the parameter's {tuple(p.shape)}")
+            arrays.append(Tensor(arr))
+        AssignParameters([p for _, p in params]).write(arrays)
 
     # -- graph building blocks ------------------------------------------------------------------
     def value(self, obs):
@@ -101,20 +206,46 @@ class ActorCritic(nn.Cell):
         return self.deterministic_action(obs)
 
 
+ACT_KERNELS = ("builtin", "custom")
+
+
 class ActStep(nn.Cell):
     """Compiled acting call: (obs batch, noise) -> (action, log_prob, value) for all envs at once.
 
     With ``packed=True`` it returns one float32 (B, action_width + 2) Tensor ``[action | log_prob | value]``
     instead, so the trainer's rollout loop copies one buffer back per step rather than three.
+
+    ``kernel='builtin'`` runs MindSpore ops (``model.act``); ``kernel='custom'`` runs the whole call as the C++
+    aot kernel :class:`scalebox_ms.ops.custom.FusedActorKernel` (CPU only, inference only: it has no gradient;
+    raises :class:`~scalebox_ms.errors.CustomOpError` if it cannot be built). Both read the model's current
+    Parameters and give the same results to float tolerance.
     """
 
-    def __init__(self, model: ActorCritic, packed: bool = False):
+    def __init__(self, model: ActorCritic, packed: bool = False, kernel: str = "builtin"):
         super().__init__(auto_prefix=False)
+        if kernel not in ACT_KERNELS:
+            raise ConfigError(f"act kernel: {kernel!r} is not one of {', '.join(ACT_KERNELS)}")
         self.model = model
         self.packed = packed
+        self.kernel = kernel
+        self.custom = kernel == "custom"
+        if self.custom:
+            from ..ops.custom import FusedActorKernel
+
+            self.fused = FusedActorKernel(model)
+            self.width = self.fused.width
 
     @ms.jit
     def construct(self, obs, noise):
+        if self.custom:
+            out = self.fused(obs, noise)
+            if self.packed:
+                return out
+            if self.model.discrete:
+                action = out[:, 0].astype(ms.int32)
+            else:
+                action = out[:, : self.width]
+            return action, out[:, self.width], out[:, self.width + 1]
         action, log_prob, value = self.model.act(obs, noise)
         if self.packed:
             if self.model.discrete:
@@ -150,4 +281,62 @@ class DeterministicStep(nn.Cell):
 def build_model(spec: SpaceSpec, policy_cfg) -> ActorCritic:
     return ActorCritic(spec, pi_layers=policy_cfg.pi_layers, vf_layers=policy_cfg.vf_layers,
                        activation=policy_cfg.activation, ortho_init=policy_cfg.ortho_init,
-                       log_std_init=policy_cfg.log_std_init)
+                       log_std_init=policy_cfg.log_std_init, layer=getattr(policy_cfg, "layer", "dense"),
+                       align=getattr(policy_cfg, "align", 16))
+
+
+# 'auto' acting kernel rule, measured by benchmarks/acting_kernels.py (results/acting_kernels.json) on the 2-core
+# CPU box (MindSpore 2.10, AVX-512): CartPole 4-64-64-2 acting call, median us per call (packed output to numpy):
+#   batch        8     64    256   1024   4096
+#   builtin    365    491    634   1020   3676
+#   custom     184    202    262    495   1527    (0.41-0.50x of builtin at every measured batch)
+# The custom kernel is one launch instead of ~25 (the fixed cost that dominates small batches) and computes
+# single-threaded at ~0.35 us per CartPole sample; it won at every measured batch, so 'auto' picks it up to the
+# largest measured one and keeps builtin beyond (unmeasured; many-core machines parallelise the builtin
+# matmuls). The bound is expressed in multiply-adds per call (batch x MACs per sample of the policy and value
+# MLPs) so other MLP sizes scale from the CartPole measurement: custom where batch * macs <= AUTO_CUSTOM_MAX_MACS.
+_CARTPOLE_MACS = (4 * 64 + 64 * 64 + 64 * 2) + (4 * 64 + 64 * 64 + 64 * 1)
+AUTO_CUSTOM_MAX_BATCH = 4096  # largest measured CartPole batch at which the custom kernel was faster
+AUTO_CUSTOM_MAX_MACS = AUTO_CUSTOM_MAX_BATCH * _CARTPOLE_MACS
+
+
+def model_macs(model: ActorCritic) -> int:
+    """Multiply-adds per sample of the policy and value MLPs (logical sizes)."""
+    from ..ops.fused import mlp_layers
+
+    return sum(layer.in_features * layer.out_features for net in (model.pi_net, model.vf_net)
+               for layer in mlp_layers(net))
+
+
+def resolve_act_kernel(model: ActorCritic, choice: str, num_envs: int) -> str:
+    """'builtin' or 'custom' for ``policy.act_kernel`` = ``choice`` at batch ``num_envs``.
+
+    'auto' picks 'custom' only on CPU, with a compiler or a cached kernel, and where the measured rule above
+    says it is faster; 'builtin' everywhere else.
+    """
+    if choice in ACT_KERNELS:
+        return choice
+    if choice != "auto":
+        raise ConfigError(f"policy.act_kernel: {choice!r} is not one of builtin, custom, auto")
+    from ..ops.custom import kernel_available
+
+    if ms.get_context("device_target") != "CPU" or not kernel_available():
+        return "builtin"
+    return "custom" if int(num_envs) * model_macs(model) <= AUTO_CUSTOM_MAX_MACS else "builtin"
+
+
+def build_act_step(model: ActorCritic, policy_cfg, num_envs: int, packed: bool = False) -> ActStep:
+    """The :class:`ActStep` for ``policy_cfg.act_kernel`` ('builtin' | 'custom' | 'auto') at batch ``num_envs``.
+
+    'custom' that cannot be built raises :class:`CustomOpError`; 'auto' falls back to 'builtin' (with a warning)
+    if building fails.
+    """
+    choice = getattr(policy_cfg, "act_kernel", "builtin")
+    kernel = resolve_act_kernel(model, choice, num_envs)
+    if choice == "auto" and kernel == "custom":
+        try:
+            return ActStep(model, packed=packed, kernel="custom")
+        except CustomOpError as exc:
+            warnings.warn(f"act_kernel auto: falling back to the builtin kernel ({exc})", RuntimeWarning, stacklevel=2)
+            kernel = "builtin"
+    return ActStep(model, packed=packed, kernel=kernel)

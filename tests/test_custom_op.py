@@ -1,0 +1,162 @@
+"""The C++ aot acting kernel (scalebox_ms.ops.custom) vs the builtin MindSpore-ops path; build cache; errors."""
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from conftest import small_config
+from mindspore import Tensor
+
+from scalebox_ms.errors import ConfigError, CustomOpError
+from scalebox_ms.models import SpaceSpec
+from scalebox_ms.models.actor_critic import (
+    AUTO_CUSTOM_MAX_MACS,
+    ActorCritic,
+    ActStep,
+    build_act_step,
+    model_macs,
+    resolve_act_kernel,
+)
+from scalebox_ms.ops import custom
+from scalebox_ms.ops.custom import FusedActorKernel, build
+from scalebox_ms.sandbox import Sandbox
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sandbox():
+    Sandbox(device="auto", seed=0)
+
+
+CASES = {
+    # name: (spec, ActorCritic kwargs)
+    "discrete-2x64-tanh-dense": (SpaceSpec(4, True, 2), {"pi_layers": (64, 64), "vf_layers": (64, 64), "activation": "tanh"}),
+    "discrete-1x5-relu-fused": (SpaceSpec(6, True, 3), {"pi_layers": (5,), "vf_layers": (7,), "activation": "relu",
+                                                            "layer": "fused", "align": 4}),
+    "continuous-1x32-relu-fused": (SpaceSpec(3, False, 2, low=(-1.0, -1.0), high=(1.0, 1.0)),
+                                   {"pi_layers": (32,), "vf_layers": (32,), "activation": "relu", "layer": "fused",
+                                        "log_std_init": -0.7}),
+    "continuous-2x24-tanh-dense": (SpaceSpec(5, False, 3, low=(-1.0,) * 3, high=(1.0,) * 3),
+                                   {"pi_layers": (24, 17), "vf_layers": (24, 24), "activation": "tanh", "log_std_init": 0.3}),
+}
+
+
+def _inputs(spec, batch, seed):
+    rng = np.random.default_rng(seed)
+    obs = (rng.normal(size=(batch, spec.obs_dim)) * 2).astype(np.float32)
+    noise = rng.gumbel(size=(batch, spec.action_dim)) if spec.discrete else rng.normal(size=(batch, spec.action_dim))
+    return Tensor(obs), Tensor(noise.astype(np.float32))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_custom_kernel_matches_builtin(case):
+    spec, kw = CASES[case]
+    ms.set_seed(3)
+    model = ActorCritic(spec, ortho_init=False, **kw)  # MindSpore's default init: larger weights than orthogonal
+    builtin, kernel = ActStep(model, packed=True), ActStep(model, packed=True, kernel="custom")
+    width = 1 if spec.discrete else spec.action_dim
+    for batch in (1, 13, 64):  # 13: partial row tiles of the kernel
+        obs, noise = _inputs(spec, batch, batch)
+        ref, out = builtin(obs, noise).asnumpy(), kernel(obs, noise).asnumpy()
+        assert out.shape == ref.shape == (batch, width + 2)
+        if spec.discrete:
+            np.testing.assert_array_equal(out[:, 0], ref[:, 0])  # the sampled actions
+        # MindSpore's CPU tanh is ~1e-6 off (the kernel's is ~1e-7), log-probs sum over action dims
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=3e-5)
+        assert np.abs(ref[:, -1]).max() > 1e-3 and np.abs(ref[:, width]).max() > 1e-3  # non-trivial values
+
+
+def test_unpacked_outputs_and_current_weights():
+    spec, kw = CASES["discrete-2x64-tanh-dense"]
+    model = ActorCritic(spec, **kw)
+    builtin, kernel = ActStep(model), ActStep(model, kernel="custom")
+    obs, noise = _inputs(spec, 32, 0)
+    a_ref, lp_ref, v_ref = builtin(obs, noise)
+    a, lp, v = kernel(obs, noise)
+    assert a.dtype == a_ref.dtype == ms.int32 and a.shape == (32,) and lp.shape == v.shape == (32,)
+    np.testing.assert_array_equal(a.asnumpy(), a_ref.asnumpy())
+    np.testing.assert_allclose(lp.asnumpy(), lp_ref.asnumpy(), rtol=1e-4, atol=3e-5)
+    np.testing.assert_allclose(v.asnumpy(), v_ref.asnumpy(), rtol=1e-4, atol=3e-5)
+    # weights are kernel inputs: a compiled assign (as after an optimizer step / checkpoint load) is seen
+    rng = np.random.default_rng(9)
+    new = [(n, (0.2 * rng.normal(size=p.shape)).astype(np.float32)) for n, p in model.logical_parameters()]
+    model.load_logical_parameters(new)
+    _a2, lp2, v2 = kernel(obs, noise)
+    b2 = builtin(obs, noise)
+    assert np.abs(v2.asnumpy() - v.asnumpy()).max() > 1e-2
+    np.testing.assert_allclose(v2.asnumpy(), b2[2].asnumpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(lp2.asnumpy(), b2[1].asnumpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_is_inference_only():
+    spec, kw = CASES["continuous-1x32-relu-fused"]
+    model = ActorCritic(spec, **kw)
+    kernel = FusedActorKernel(model)
+    obs, noise = _inputs(spec, 4, 1)
+
+    def loss(o, n):
+        return kernel(o, n).sum()
+
+    grad = ms.jit(ms.value_and_grad(loss, grad_position=None, weights=model.trainable_params()))
+    with pytest.raises(RuntimeError, match="bprop not defined"):
+        grad(obs, noise)
+
+
+def test_library_is_cached_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "cache"))
+    before = dict(build.stats)
+    so = build.library_path("fused_actor_mlp")
+    assert build.stats["compiles"] == before["compiles"] + 1
+    assert os.path.dirname(so) == str(tmp_path / "cache") and so.endswith(".so")
+    mtime = os.stat(so).st_mtime_ns
+    assert build.library_path("fused_actor_mlp") == so  # second build: cache hit, no compile
+    assert build.stats["compiles"] == before["compiles"] + 1 and build.stats["cache_hits"] > before["cache_hits"]
+    assert os.stat(so).st_mtime_ns == mtime
+    assert sorted(os.listdir(tmp_path / "cache")) == [os.path.basename(so)]  # no temp files left behind
+    # different flags -> a different key and a new library next to the old one
+    monkeypatch.setattr(build, "CXX_FLAGS", build.CXX_FLAGS + ("-DSCALEBOX_TEST_FLAG",))
+    so2 = build.library_path("fused_actor_mlp")
+    assert so2 != so and build.stats["compiles"] == before["compiles"] + 2
+    assert custom.kernel_available()
+    with pytest.raises(CustomOpError, match="unknown kernel"):
+        build.library_path("no_such_kernel")
+
+
+def test_missing_compiler_is_a_clear_error_and_auto_falls_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    with pytest.raises(CustomOpError, match="compiler .*no-such-g\\+\\+.* not found") as err:
+        build.library_path("fused_actor_mlp")
+    assert "\n" not in str(err.value)
+    assert not custom.compiler_available() and not custom.kernel_available()
+    spec, kw = CASES["discrete-2x64-tanh-dense"]
+    model = ActorCritic(spec, **kw)
+    with pytest.raises(CustomOpError, match="not found"):
+        ActStep(model, kernel="custom")
+    cfg = small_config(policy={"act_kernel": "auto"}).policy
+    assert resolve_act_kernel(model, "auto", 8) == "builtin"
+    assert build_act_step(model, cfg, 8).kernel == "builtin"
+    with pytest.raises(CustomOpError, match="not found"):
+        build_act_step(model, small_config(policy={"act_kernel": "custom"}).policy, 8)
+    # a compiler that fails: the first error line, on one line
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(CustomOpError, match="failed \\(exit 1\\)"):
+        build.library_path("fused_actor_mlp")
+
+
+def test_act_kernel_resolution_follows_the_measured_rule():
+    spec, kw = CASES["discrete-2x64-tanh-dense"]
+    model = ActorCritic(spec, **kw)
+    macs = model_macs(model)
+    assert macs == (4 * 64 + 64 * 64 + 64 * 2) + (4 * 64 + 64 * 64 + 64)
+    small, large = AUTO_CUSTOM_MAX_MACS // macs, AUTO_CUSTOM_MAX_MACS // macs + 1
+    assert resolve_act_kernel(model, "auto", small) == "custom"
+    assert resolve_act_kernel(model, "auto", large) == "builtin"
+    assert resolve_act_kernel(model, "builtin", 8) == "builtin"
+    assert resolve_act_kernel(model, "custom", 10**6) == "custom"
+    with pytest.raises(ConfigError, match="act_kernel"):
+        resolve_act_kernel(model, "fast", 8)
+    step = build_act_step(model, small_config(policy={"act_kernel": "auto"}).policy, 8, packed=True)
+    assert step.kernel == "custom" and step.packed
+    assert build_act_step(model, small_config().policy, 8).kernel == "builtin"
+    with pytest.raises(ConfigError, match="act kernel"):
+        ActStep(model, kernel="cuda")
