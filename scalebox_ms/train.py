@@ -32,10 +32,17 @@ def build_parser():
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="record N iterations with MindSpore's profiler into <run-dir>/profile")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="data-parallel workers launched with msrun (shortcut for --set parallel.workers=N)")
     return p
 
 
 def main(argv=None) -> int:
+    from .parallel.context import is_msrun_scheduler, serve_as_scheduler
+
+    if is_msrun_scheduler():  # msrun runs this command line once more as its scheduler process
+        serve_as_scheduler()
+        return 0
     args = build_parser().parse_args(argv)
 
     def go():
@@ -55,6 +62,8 @@ def main(argv=None) -> int:
                               "--config/--set/--seed/--total-steps/--run-dir cannot be combined with it")
         if args.until is not None and args.until < 1:
             raise ConfigError(f"--until: must be >= 1, got {args.until}")
+        if args.workers is not None and args.workers < 1:
+            raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
         cfg = None
         if not args.resume:
             overrides = list(args.overrides)
@@ -62,15 +71,61 @@ def main(argv=None) -> int:
                 overrides.append(f"run.seed={args.seed}")
             if args.total_steps is not None:
                 overrides.append(f"run.total_steps={args.total_steps}")
+            if args.workers is not None:
+                overrides.append(f"parallel.workers={args.workers}")
             cfg = load_config(args.config or DEFAULT_CONFIG, overrides)
+            workers = cfg.parallel.workers
+        else:
+            workers = 1
+            cfg_path = os.path.join(args.resume, "config.yaml")
+            if os.path.exists(cfg_path):  # (train_run reports a missing one)
+                workers = load_config(cfg_path).parallel.workers
+            if args.workers is not None and args.workers != workers:
+                raise ConfigError(f"--workers {args.workers}: {args.resume} was trained with {workers} "
+                                  f"worker(s); resume needs the same world size")
+        from .parallel.context import in_msrun
+
+        if workers > 1 and not in_msrun():  # this process launches msrun and waits for it
+            exit_code[0] = _launch_workers(args, argv, cfg, workers)
+            return
         from .trainers.run import train_run
 
         summary = train_run(cfg, run_dir=args.run_dir, resume=args.resume, until=args.until,
                             progress=False if args.no_progress else None, profile=args.profile,
                             log=lambda s: print(s, file=sys.stderr))
-        print(json.dumps(summary, indent=2))
+        if summary is not None and not in_msrun():  # under msrun the launcher prints rank 0's summary
+            print(json.dumps(summary, indent=2))
 
-    return run_cli(go)
+    exit_code = [0]
+    code = run_cli(go)
+    return code or exit_code[0]
+
+
+def _launch_workers(args, argv, cfg, workers: int):
+    from .errors import ConfigError
+    from .parallel.launcher import launch
+    from .trainers.run import default_run_dir
+
+    worker_args = list(sys.argv[1:] if argv is None else argv)
+    if args.resume:
+        from .config import load_config
+
+        run_dir, fresh = args.resume, False
+
+        timeout = load_config(os.path.join(run_dir, "config.yaml")).parallel.timeout
+    else:
+        run_dir = args.run_dir or default_run_dir(cfg)
+        if os.path.exists(run_dir) and (not os.path.isdir(run_dir) or os.listdir(run_dir)):
+            raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
+        if not args.run_dir:
+            worker_args += ["--run-dir", run_dir]
+        fresh, timeout = True, cfg.parallel.timeout
+    code = launch(worker_args, workers, run_dir, fresh, timeout)  # prints its own one-line error
+    if code != 0:
+        return code
+    with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
+        print(json.dumps({**json.load(f), "run_dir": run_dir}, indent=2))
+    return 0
 
 
 if __name__ == "__main__":

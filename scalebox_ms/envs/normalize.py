@@ -8,19 +8,48 @@ from __future__ import annotations
 import numpy as np
 
 
-class RunningMeanStd:
-    """Streaming mean/variance (Chan et al. parallel update), float64."""
+def combine_moments(moments):
+    """Mean, variance and count of the union of batches given as [(mean, var, count), ...] (Chan et al.)."""
+    mean = var = None
+    count = 0.0
+    for b_mean, b_var, b_count in moments:
+        if b_count <= 0:
+            continue
+        b_mean, b_var = np.asarray(b_mean, np.float64), np.asarray(b_var, np.float64)
+        if mean is None:
+            mean, var, count = b_mean, b_var, float(b_count)
+            continue
+        delta = b_mean - mean
+        total = count + b_count
+        mean = mean + delta * b_count / total
+        var = (var * count + b_var * b_count + delta**2 * count * b_count / total) / total
+        count = total
+    return mean, var, count
 
-    def __init__(self, shape=(), epsilon: float = 1e-4):
+
+class RunningMeanStd:
+    """Streaming mean/variance (Chan et al. parallel update), float64.
+
+    ``reduce`` (data parallel): a function mapping this rank's batch to the (mean, var, count) of the batches
+    of all ranks, so every rank's statistics stay identical (see :meth:`scalebox_ms.parallel.DistContext.moments`).
+    """
+
+    def __init__(self, shape=(), epsilon: float = 1e-4, reduce=None):
         self.mean = np.zeros(shape, np.float64)
         self.var = np.ones(shape, np.float64)
         self.count = float(epsilon)
+        self.reduce = reduce
 
     def update(self, batch: np.ndarray) -> None:
         batch = np.asarray(batch, np.float64)
-        if batch.shape[0] == 0:
+        if self.reduce is not None:
+            b_mean, b_var, b_count = self.reduce(batch.reshape((batch.shape[0],) + self.mean.shape))
+            if b_count <= 0:
+                return
+        elif batch.shape[0] == 0:
             return
-        b_mean, b_var, b_count = batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
+        else:
+            b_mean, b_var, b_count = batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
         delta = b_mean - self.mean
         total = self.count + b_count
         self.mean = self.mean + delta * b_count / total

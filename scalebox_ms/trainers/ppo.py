@@ -75,19 +75,46 @@ class PPOTrainer:
         self.config = config
         self.log = logging.getLogger("scalebox_ms")
         seed = config.run.seed
-        self.sandbox = sandbox if sandbox is not None else Sandbox.from_config(config.sandbox, seed)
+        if sandbox is None:
+            sb_cfg = config.sandbox
+            from ..parallel.context import in_msrun, msrun_world_size
 
+            if in_msrun() and sb_cfg.threads == 0:  # ranks share this machine's cores instead of each taking all
+                import copy
+                import os
+
+                sb_cfg = copy.copy(sb_cfg)
+                sb_cfg.threads = max(1, (os.cpu_count() or 1) // msrun_world_size())
+            sandbox = Sandbox.from_config(sb_cfg, seed)
+        self.sandbox = sandbox
+
+        from ..amp import AutoMixedPrecision, check_backend
+        from ..config import micro_batches
         from ..envs import ObsNormalizer, RewardScaler, make_vec_env, space_spec
         from ..models import ActStep, DeterministicStep, ValueStep, build_model
+        from ..parallel import init_distributed
         from .ppo_update import PPOUpdateStep
 
         e, p = config.env, config.ppo
         sb = self.sandbox
-        self.env = make_vec_env(e.id, e.num_envs, e.kwargs, isolation=getattr(sb, "isolation_level", "none"),
+        device = getattr(sb, "device", "CPU")
+        if config.parallel.pipeline_stages > 1:
+            raise ConfigError(_pipeline_refusal(device, config.parallel.pipeline_stages))
+        self.amp = AutoMixedPrecision.from_config(config.amp)
+        check_backend(self.amp, device)
+        # data parallel: inside an msrun worker this joins the job (HCCL / NCCL / MCCL); else rank 0 of 1
+        self.dist = init_distributed(device)
+        W = self.dist.world_size
+        if W > 1 and e.num_envs % W:
+            raise ConfigError(f"env.num_envs: ({e.num_envs}) must be divisible by the {W} msrun workers")
+        self._num_envs = e.num_envs // W  # this rank's shard of the envs
+        self.env = make_vec_env(e.id, self._num_envs, e.kwargs, isolation=getattr(sb, "isolation_level", "none"),
                                 step_timeout=getattr(sb, "step_timeout", 10.0),
                                 worker_memory_limit=getattr(sb, "worker_memory_limit_bytes", None), backend=e.backend)
         self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id)
         self.model = build_model(self.spec, config.policy)
+        if self.amp is not None:
+            self.amp.apply(self.model)
         if not self.spec.discrete:  # Box bounds for clipping the sampled actions, once
             self._action_low = np.asarray(self.spec.low, np.float32)
             self._action_high = np.asarray(self.spec.high, np.float32)
@@ -95,10 +122,18 @@ class PPOTrainer:
         self._act_packed = ActStep(self.model, packed=True)  # same weights, one output buffer per call
         self.value_step = ValueStep(self.model)
         self.deterministic_step = DeterministicStep(self.model)
-        self.update_step = PPOUpdateStep(self.model, p)
+        self.update_step = PPOUpdateStep(self.model, p, micro_batches=micro_batches(config), amp=self.amp,
+                                         world_size=W)
         self.obs_normalizer = ObsNormalizer(self.spec.obs_dim, e.clip_obs) if e.normalize_obs else None
-        self.reward_scaler = RewardScaler(e.num_envs, p.gamma, e.clip_reward) if e.normalize_reward else None
-        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.reward_scaler = RewardScaler(self._num_envs, p.gamma, e.clip_reward) if e.normalize_reward else None
+        if W > 1:  # running statistics merged over all ranks' envs: every rank normalises identically
+            from ..parallel.context import moments_reducer
+
+            for norm in (self.obs_normalizer, self.reward_scaler):
+                if norm is not None:
+                    norm.rms.reduce = moments_reducer(self.dist)
+        # rank r draws from stream r of the seed (rank 0 = the single-process stream)
+        self.rng = np.random.Generator(np.random.PCG64(seed).jumped(self.dist.rank))
 
         self.global_step = 0
         self.iteration = 0
@@ -108,9 +143,9 @@ class PPOTrainer:
         self.episodes = 0
         # in-flight env state between rollouts
         self._obs: Optional[np.ndarray] = None       # normalised obs the policy sees next
-        self._valid = np.ones(e.num_envs, bool)       # False: the next step is an autoreset step
-        self._ep_return = np.zeros(e.num_envs, np.float64)
-        self._ep_length = np.zeros(e.num_envs, np.int64)
+        self._valid = np.ones(self._num_envs, bool)       # False: the next step is an autoreset step
+        self._ep_return = np.zeros(self._num_envs, np.float64)
+        self._ep_length = np.zeros(self._num_envs, np.int64)
         self._last_metrics: dict = {}
         # minibatch size: fixed, or chosen by probing in the first update (ppo.batch_size: auto)
         self.batch_size: Optional[int] = None if config.ppo.batch_size == "auto" else int(config.ppo.batch_size)
@@ -123,7 +158,16 @@ class PPOTrainer:
     # ------------------------------------------------------------------ helpers
     @property
     def num_envs(self) -> int:
-        return self.config.env.num_envs
+        """Envs this process steps (``env.num_envs`` / world size under data parallelism)."""
+        return self._num_envs
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    def _env_seed(self, seed: int) -> int:
+        """Rank r's vector env gets seeds seed + r * n_local + i: the union over ranks is the single-process set."""
+        return seed + self.dist.rank * self._num_envs
 
     def normalize_obs(self, obs: np.ndarray, update: bool = False) -> np.ndarray:
         obs = np.asarray(obs, np.float32).reshape(obs.shape[0], -1)
@@ -164,8 +208,13 @@ class PPOTrainer:
             self.config.run.total_steps = int(total_steps)
         horizon = self.config.run.total_steps
         stop_at = horizon if until is None else min(int(until), horizon)
+        workers = self.config.parallel.workers
+        if self.dist.world_size != workers and workers > 1:
+            raise ConfigError(f"parallel.workers: {workers} workers are configured but this process is not one "
+                              f"of {workers} msrun ranks; launch with `python -m scalebox_ms.train --workers "
+                              f"{workers}` or your own msrun command line")
         if self._obs is None:
-            self._reset_envs(seed=self.config.run.seed)
+            self._reset_envs(seed=self._env_seed(self.config.run.seed))
         for cb in callbacks:
             cb.on_training_start(self)
         p = self.config.ppo
@@ -197,8 +246,9 @@ class PPOTrainer:
             t0 = time.perf_counter()
             stats = self._update(storage.flat(advantages, returns), lr, clip, clip_vf, kl_limit)
             t_update = time.perf_counter() - t0
+            t_comm = min(t_update, self._comm_time(stats)) if self.dist.distributed else 0.0
 
-            steps = p.n_steps * self.num_envs
+            steps = p.n_steps * self.config.env.num_envs  # all ranks' env steps
             self.global_step += steps
             self.iteration += 1
             dt = time.perf_counter() - t_iter
@@ -221,12 +271,16 @@ class PPOTrainer:
                 # where the iteration's wall time went (shares sum to 1); single process: no communication
                 "share_env": t_env / dt,
                 "share_act": t_act / dt,
-                "share_update": t_update / dt,
-                "share_comm": 0.0,
+                "share_update": (t_update - t_comm) / dt,
+                "share_comm": t_comm / dt,
+                "comm_time_s": t_comm,
                 "share_other": max(0.0, 1.0 - (t_env + t_act + t_update) / dt),
                 "update_samples_per_s": stats["n_updates"] * self.batch_size / t_update if t_update > 0 else 0.0,
                 "batch_size": self.batch_size,
+                "world_size": self.dist.world_size,
             }
+            if self.amp is not None:
+                metrics["amp_skipped_steps"] = int(self.update_step.skipped_steps.asnumpy())
             if getattr(self.env, "events", None) is not None:
                 metrics["env_restarts"] = len(self.env.events)
             self._last_metrics = metrics
@@ -375,7 +429,7 @@ class PPOTrainer:
         import mindspore as ms
 
         p = self.config.ppo
-        b = self.batch_size
+        b = self.batch_size // self.dist.world_size  # this rank's share of each minibatch
         outputs: List = []
         early_stop = p.target_kl is not None
         stopped = False
@@ -391,12 +445,27 @@ class PPOTrainer:
                         break
             if stopped:
                 break
-        stats = np.stack([o if isinstance(o, np.ndarray) else o.asnumpy() for o in outputs]) if outputs else np.zeros((0, 7))
-        names = ["loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction"]
-        result = {n: (float(stats[:, i].mean()) if len(stats) else float("nan")) for i, n in enumerate(names)}
-        result["n_updates"] = int(stats[:, 6].sum()) if len(stats) else 0  # optimizer steps applied
+        from .ppo_update import STAT_NAMES
+
+        stats = np.stack([o if isinstance(o, np.ndarray) else o.asnumpy() for o in outputs]) if outputs else np.zeros((0, 9))
+        finite = stats[:, 7] > 0.5
+        ok = stats[finite]  # AMP overflow steps carry inf/nan losses: averaged over the finite steps
+        result = {n: (float(ok[:, i].mean()) if len(ok) else float("nan")) for i, n in enumerate(STAT_NAMES)}
+        result["n_updates"] = int(((stats[:, 6] > 0.5) & finite).sum())  # optimizer steps applied
         result["early_stopped"] = int(stopped)
+        result["minibatch_steps"] = len(stats)
+        if self.amp is not None:
+            result["amp_overflows"] = int((~finite).sum())
+            result["loss_scale"] = float(stats[-1, 8]) if len(stats) else float("nan")
         return result
+
+    def _comm_time(self, stats: dict) -> float:
+        """Seconds this update spent in collectives: the update's all-reduces (same sizes) timed on their own,
+        times the minibatch steps run. Collectives run inside the compiled update graph, so they cannot be
+        clocked there; this probe includes waiting for the slowest rank, as the real ones do."""
+        n_params = sum(int(np.prod(prm.shape)) for prm in self.update_step.optimizer.parameters)
+        sizes = [2, 1, n_params, 6] if self.config.ppo.normalize_advantage else [2, n_params, 6]
+        return stats.get("minibatch_steps", 0) * self.dist.time_collectives(sizes)
 
     def _probe_batch_size(self, tensors, scalars, B: int, timed_steps: int = 6) -> int:
         """Time ``timed_steps`` optimizer steps at each candidate size on this rollout; state is restored after
@@ -498,6 +567,7 @@ class PPOTrainer:
         for name, param in self.update_step.optimizer.parameters_and_names():
             if id(param) not in model_ids:
                 out.append(("optimizer." + name, param))
+        out += [(param.name, param) for param in self.update_step.state_parameters()]  # amp.loss_scale, ...
         return out
 
     def save(self, prefix: str) -> str:
@@ -523,6 +593,7 @@ class PPOTrainer:
             "param_sha256": self.parameters_sha256(),
             "batch_size": self.batch_size,
             "auto_batch": self.auto_batch,
+            "world_size": self.dist.world_size,
         }
         from ..envs import state as env_state
 
@@ -572,7 +643,14 @@ class PPOTrainer:
         if self.reward_scaler is not None and sc.get("reward_scaler"):
             self.reward_scaler.load_state_dict(sc["reward_scaler"])
         inflight = sc.get("inflight")
-        if inflight is not None and ck["env"] is not None:
+        if self.dist.distributed and inflight is not None:
+            # data parallel: rank 0's checkpoint holds rank 0's env state only; every rank restarts its episodes
+            # from seeds derived from (seed, step, rank), and ranks > 0 their sampling stream likewise
+            self._reset_envs(seed=self._env_seed(self.config.run.seed + self.global_step))
+            if self.dist.rank > 0:
+                self.rng = np.random.Generator(np.random.PCG64([self.config.run.seed, self.global_step])
+                                               .jumped(self.dist.rank))
+        elif inflight is not None and ck["env"] is not None:
             from ..envs import state as env_state
 
             self.env = env_state.restore(self.env, ck["env"])
@@ -583,7 +661,7 @@ class PPOTrainer:
             self._ep_length = np.asarray(inflight["ep_length"], np.int64)
         elif inflight is not None:
             # env could not be pickled: start fresh episodes, seeded from (seed, step) so resume stays deterministic
-            self._reset_envs(seed=self.config.run.seed + self.global_step)
+            self._reset_envs(seed=self._env_seed(self.config.run.seed + self.global_step))
         if self.parameters_sha256() != sc.get("param_sha256"):
             raise CheckpointError(f"checkpoint {ck['prefix']}: restored parameters do not hash to the recorded param_sha256")
         return self
@@ -602,6 +680,14 @@ class PPOTrainer:
 
     def close(self) -> None:
         self.env.close()
+
+
+def _pipeline_refusal(device: str, stages: int) -> str:
+    if device == "CPU":
+        return (f"parallel.pipeline_stages: {stages} needs Ascend or GPU; MindSpore has no pipeline parallelism "
+                "on CPU (use parallel.workers for data parallelism)")
+    return (f"parallel.pipeline_stages: {stages} is not supported by scalebox_ms yet on {device}: PPO's policy "
+            "and value MLPs have 2-3 layers, too few to split into pipeline stages (use parallel.workers)")
 
 
 def _explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:

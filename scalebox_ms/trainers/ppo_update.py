@@ -24,8 +24,25 @@ def masked_mean(x, mask, count):
     return (x * mask).sum() / count
 
 
+def normalize_advantages(advantages, mask, count, total=None, sq_dev_sum=None):
+    """(A - mean) / (std + 1e-8) over the valid samples, std unbiased as torch.std.
+
+    ``total``/``sq_dev_sum`` override the local sums (data parallel: the all-reduced sums of every rank)."""
+    mean = (masked_mean(advantages, mask, count) if total is None else total / count)
+    if sq_dev_sum is None:
+        sq_dev_sum = ((advantages - mean) ** 2 * mask).sum()
+    var = sq_dev_sum / ops.maximum(count - 1.0, 1.0)
+    return (advantages - mean) / (ops.sqrt(var) + 1e-8)
+
+
 class PPOLoss(nn.Cell):
-    """loss(theta) on one minibatch; returns (loss, (policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction))."""
+    """loss(theta) on one minibatch; returns (loss, (policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction)).
+
+    :meth:`objective` is the same loss with the advantages already normalised and the mean taken as
+    ``sum / count`` with an external ``count``: summing it over micro-batches (gradient accumulation) or ranks
+    (data parallel), with the count and advantage statistics of the whole minibatch, gives exactly the loss of
+    the whole minibatch.
+    """
 
     def __init__(self, model, ent_coef: float, vf_coef: float, clip_value: bool, normalize_advantage: bool):
         super().__init__(auto_prefix=False)
@@ -36,13 +53,14 @@ class PPOLoss(nn.Cell):
         self.normalize_advantage = normalize_advantage
 
     def construct(self, obs, actions, old_log_prob, old_values, advantages, returns, mask, clip_range, clip_range_vf):
-        log_prob, entropy, values = self.model.evaluate_actions(obs, actions)
         n = ops.maximum(mask.sum(), 1.0)
+        if self.normalize_advantage:
+            advantages = normalize_advantages(advantages, mask, n)
+        return self.objective(obs, actions, old_log_prob, old_values, advantages, returns, mask, n, clip_range,
+                              clip_range_vf)
 
-        if self.normalize_advantage:  # unbiased std over the valid samples, as torch.std
-            mean = masked_mean(advantages, mask, n)
-            var = ((advantages - mean) ** 2 * mask).sum() / ops.maximum(n - 1.0, 1.0)
-            advantages = (advantages - mean) / (ops.sqrt(var) + 1e-8)
+    def objective(self, obs, actions, old_log_prob, old_values, advantages, returns, mask, n, clip_range, clip_range_vf):
+        log_prob, entropy, values = self.model.evaluate_actions(obs, actions)
 
         # clipped surrogate objective L^CLIP
         log_ratio = log_prob - old_log_prob
@@ -67,6 +85,26 @@ class PPOLoss(nn.Cell):
         return loss, (policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction)
 
 
+class _Objective(nn.Cell):
+    """PPOLoss.objective as a Cell for ``value_and_grad``; with AMP the loss is multiplied by the loss scale."""
+
+    def __init__(self, loss: PPOLoss, scaled: bool):
+        super().__init__(auto_prefix=False)
+        self.loss = loss
+        self.scaled = scaled
+
+    def construct(self, obs, actions, old_log_prob, old_values, advantages, returns, mask, n, clip_range,
+                  clip_range_vf, scale):
+        loss, aux = self.loss.objective(obs, actions, old_log_prob, old_values, advantages, returns, mask, n,
+                                        clip_range, clip_range_vf)
+        if self.scaled:
+            loss = loss * scale
+        return loss, aux
+
+
+STAT_NAMES = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction")
+
+
 class PPOUpdateStep(nn.Cell):
     """One compiled minibatch step: gather the minibatch, loss + grads, global-norm clip, Adam.
 
@@ -78,22 +116,57 @@ class PPOUpdateStep(nn.Cell):
     ``approx_kl > kl_limit`` (``1.5 * target_kl``), which is SB3's early stop: the trainer then ends the update.
     Without it the graph has no branch and ``kl_limit`` is ignored.
 
-    Returns a float32 vector: [loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction, applied].
+    Options (all static: they shape the graph):
+
+    * ``micro_batches`` k > 1 -- gradient accumulation: the minibatch is split into k equal micro-batches whose
+      gradients are summed (each micro-batch loss is its share of the minibatch mean, with the minibatch's
+      advantage statistics), then one optimizer step. Equal to the k = 1 update up to float rounding.
+    * ``amp`` -- an :class:`~scalebox_ms.amp.AutoMixedPrecision`: scaled loss, unscaled grads, all-finite check;
+      on overflow the optimizer step is skipped and the scale backs off (see :mod:`scalebox_ms.amp`).
+    * ``world_size`` W > 1 -- data parallel: ``indices`` select this rank's share of the minibatch; the sample
+      count, advantage sums, gradients (one flat all-reduce) and the reported statistics are summed over ranks
+      with ``ops.AllReduce`` (HCCL / NCCL / MCCL), so every rank applies the same update, the one a single
+      process would compute on the whole minibatch.
+
+    Returns a float32 vector: [loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction,
+    kl_ok, finite, loss_scale]; the optimizer step was applied iff ``kl_ok and finite`` (``kl_ok`` is 1 without
+    target_kl; ``finite`` is 1 and ``loss_scale`` 1 without AMP).
     """
 
-    def __init__(self, model, ppo_cfg):
+    def __init__(self, model, ppo_cfg, micro_batches: int = 1, amp=None, world_size: int = 1):
         super().__init__(auto_prefix=False)
         self.model = model
         self.obs_dim = model.spec.obs_dim
         self.loss_fn = PPOLoss(model, ppo_cfg.ent_coef, ppo_cfg.vf_coef, ppo_cfg.clip_range_vf is not None,
                                ppo_cfg.normalize_advantage)
+        self.normalize_advantage = ppo_cfg.normalize_advantage
         self.optimizer = nn.Adam(model.trainable_params(), learning_rate=float(ppo_cfg.learning_rate),
                                  eps=ppo_cfg.adam_eps)
         # Adam keeps its own learning-rate Parameter (it copies whatever it is given): assign into that one
         self.learning_rate = self.optimizer.learning_rate
         self.max_grad_norm = float(ppo_cfg.max_grad_norm)
         self.kl_stop = ppo_cfg.target_kl is not None
-        self.grad_fn = ms.value_and_grad(self.loss_fn, None, self.optimizer.parameters, has_aux=True)
+        self.micro_batches = int(micro_batches)
+        self.world_size = int(world_size)
+        self.distributed = self.world_size > 1
+        if self.distributed:
+            self.all_reduce = ops.AllReduce()
+        self.use_amp = amp is not None
+        if self.use_amp:
+            from ..amp import LossScaler
+
+            self.amp = amp
+            scaler = LossScaler(amp)
+            self.loss_scale, self.good_steps, self.skipped_steps = scaler.parameters()
+        self.objective = _Objective(self.loss_fn, self.use_amp)
+        self.grad_fn = ms.value_and_grad(self.objective, None, self.optimizer.parameters, has_aux=True)
+
+    def state_parameters(self):
+        """Parameters besides the model's and Adam's that belong in a checkpoint (the loss scaler's)."""
+        return [self.loss_scale, self.good_steps, self.skipped_steps] if self.use_amp else []
+
+    def _sum(self, x):
+        return self.all_reduce(x) if self.distributed else x
 
     @ms.jit
     def construct(self, features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit):
@@ -101,19 +174,77 @@ class PPOUpdateStep(nn.Cell):
         f = ops.gather(features, indices, 0)
         a = ops.gather(actions, indices, 0)
         d = self.obs_dim
-        (loss, aux), grads = self.grad_fn(f[:, :d], a, f[:, d], f[:, d + 1], f[:, d + 2], f[:, d + 3], f[:, d + 4],
-                                          clip_range, clip_range_vf)
-        policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction = aux
-        applied = approx_kl <= kl_limit
-        if self.kl_stop:  # static: without target_kl the graph has no control flow
-            if applied:
-                grads, _ = clip_grad_norm(grads, self.max_grad_norm)
-                self.optimizer(grads)
+        adv = f[:, d + 2]
+        mask = f[:, d + 4]
+        # minibatch statistics (over all ranks' shares when distributed)
+        if self.distributed:
+            sums = self.all_reduce(ops.stack([mask.sum(), (adv * mask).sum()]))
+            n = ops.maximum(sums[0], 1.0)
+            if self.normalize_advantage:
+                mean = sums[1] / n
+                sq_dev = self.all_reduce(((adv - mean) ** 2 * mask).sum().reshape(1))[0]
+                adv = normalize_advantages(adv, mask, n, sums[1], sq_dev)
         else:
-            grads, _ = clip_grad_norm(grads, self.max_grad_norm)
-            self.optimizer(grads)
-        return ops.stack([loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction,
-                          applied.astype(ms.float32)])
+            n = ops.maximum(mask.sum(), 1.0)
+            if self.normalize_advantage:
+                adv = normalize_advantages(adv, mask, n)
+        scale = self.loss_scale if self.use_amp else ops.ones((), ms.float32)
+
+        k = self.micro_batches
+        m = indices.shape[0] // k
+        grads = None
+        terms = None
+        for i in range(k):  # static unroll; k = 1 is the plain step
+            s, e = i * m, (i + 1) * m
+            (loss, aux), g = self.grad_fn(f[s:e, :d], a[s:e], f[s:e, d], f[s:e, d + 1], adv[s:e], f[s:e, d + 3],
+                                          mask[s:e], n, clip_range, clip_range_vf, scale)
+            t = ops.stack((loss,) + tuple(aux))
+            if i == 0:
+                grads, terms = g, t
+            else:
+                grads = tuple(x + y for x, y in zip(grads, g))
+                terms = terms + t
+        if self.distributed:  # one flat all-reduce for all gradients, one for the statistics
+            flat = self.all_reduce(ops.concat([x.reshape(-1) for x in grads]))
+            out, offset = [], 0
+            for x in grads:
+                size = x.size
+                out.append(flat[offset:offset + size].reshape(x.shape))
+                offset += size
+            grads = tuple(out)
+            terms = self.all_reduce(terms)
+        if self.use_amp:
+            from ..amp import all_finite, update_scale
+
+            inv = 1.0 / scale
+            grads = tuple(x * inv for x in grads)
+            terms = ops.concat([terms[:1] * inv, terms[1:]])
+            finite = all_finite(grads)
+            new_scale, new_good, new_skipped = update_scale(self.loss_scale, self.good_steps, self.skipped_steps,
+                                                            finite, self.amp)
+            ops.assign(self.loss_scale, new_scale)
+            ops.assign(self.good_steps, new_good)
+            ops.assign(self.skipped_steps, new_skipped)
+        else:
+            finite = ops.ones((), ms.bool_)
+            new_scale = ops.ones((), ms.float32)
+        kl_ok = terms[4] <= kl_limit  # approx_kl
+        if self.kl_stop and self.use_amp:  # static branches: the plain fp32 graph has no control flow
+            if ops.logical_and(kl_ok, finite):
+                self._apply(grads)
+        elif self.kl_stop:
+            if kl_ok:
+                self._apply(grads)
+        elif self.use_amp:
+            if finite:
+                self._apply(grads)
+        else:
+            self._apply(grads)
+        return ops.concat([terms, ops.stack([kl_ok.astype(ms.float32), finite.astype(ms.float32), new_scale])])
+
+    def _apply(self, grads):
+        grads, _ = clip_grad_norm(grads, self.max_grad_norm)
+        return self.optimizer(grads)
 
 
 def pack_features(obs, old_log_prob, old_values, advantages, returns, mask):

@@ -34,11 +34,12 @@ METRIC_COLUMNS = [
     "episodes", "loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
     "explained_variance", "learning_rate", "clip_range", "n_updates", "early_stopped", "rollout_time_s",
     "update_time_s", "share_env", "share_act", "share_update", "share_comm", "share_other", "update_samples_per_s",
-    "batch_size", "env_restarts",
+    "batch_size", "env_restarts", "world_size", "comm_time_s", "loss_scale", "amp_overflows", "amp_skipped_steps",
 ]
 # columns that depend on the machine's speed, not on the maths (excluded from reproducibility checks)
 TIMING_COLUMNS = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s", "share_env", "share_act",
-                  "share_update", "share_comm", "share_other", "update_samples_per_s"}
+                  "share_update", "share_comm", "share_other", "update_samples_per_s",
+                  "comm_time_s"}
 
 
 def peak_rss_mb() -> float:
@@ -218,6 +219,37 @@ def environment_record(cfg: Config, trainer) -> dict:
             "config_sha256": cfg.hash(), "sandbox": repr(trainer.sandbox)}
 
 
+class _NotMain(Exception):
+    """Data-parallel rank > 0: the run directory is rank 0's to write."""
+
+
+def _check_world_size(prefix: str, world_size: int) -> None:
+    import json
+
+    with open(prefix + ".json", encoding="utf-8") as f:
+        saved = json.load(f).get("world_size", 1)
+    if saved != world_size:
+        raise CheckpointError(f"checkpoint {os.path.basename(prefix)} was written by a {saved}-rank run; this run has "
+                              f"{world_size} rank(s): resume with the same parallel.workers")
+
+
+def _param_hashes(trainer) -> List[str]:
+    """Every rank's param_sha256 (rank order), gathered on every rank: equal hashes = ranks in lockstep."""
+    import numpy as np
+
+    digest = bytes.fromhex(trainer.parameters_sha256())
+    rows = trainer.dist.all_gather(np.frombuffer(digest, np.uint8).astype(np.float32))
+    return [bytes(r.astype(np.uint8).tolist()).hex() for r in rows]
+
+
+def _follow(trainer, until: Optional[int]):
+    """Ranks > 0: train in lockstep with rank 0 (same collectives), write nothing, return no summary."""
+    trainer.learn(until=until)
+    _param_hashes(trainer)
+    trainer.close()
+    return None
+
+
 def default_run_dir(cfg: Config) -> str:
     return os.path.join("runs", f"{cfg.env.id}_seed{cfg.run.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -228,8 +260,11 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
 
     ``profile=N`` records N iterations (after the first) with MindSpore's profiler into ``<run_dir>/profile``.
     """
+    from ..parallel.context import in_msrun
+
     if profile < 0:
         raise ConfigError(f"--profile: must be >= 0, got {profile}")
+    distributed = in_msrun()  # one of several msrun ranks: rank 0 alone writes the run directory
     if resume is not None:
         run_dir = resume
         cfg_path = os.path.join(run_dir, "config.yaml")
@@ -242,27 +277,46 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         if not found:
             raise CheckpointError(f"--resume {run_dir}: no checkpoint in {run_dir}/checkpoints")
         trainer = PPOTrainer(cfg)
+        _check_world_size(found[-1], trainer.world_size)
+        if distributed:
+            from ..parallel.launcher import write_rank_pid
+
+            write_rank_pid(run_dir, trainer.dist.rank)
         trainer.load(found[-1])
-        _truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
-        log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(found[-1])}")
+        if trainer.dist.is_main:
+            _truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
+            log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(found[-1])}")
     else:
         cfg = cfg if cfg is not None else Config()
         run_dir = run_dir or default_run_dir(cfg)
-        if os.path.exists(run_dir) and (not os.path.isdir(run_dir) or os.listdir(run_dir)):
+        launcher_made = {"msrun"} if distributed else set()  # msrun's log dir, made by the launcher
+        if os.path.exists(run_dir) and (not os.path.isdir(run_dir) or set(os.listdir(run_dir)) - launcher_made):
             raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
         trainer = PPOTrainer(cfg)  # validates env id and spaces before anything is written
         created = not os.path.exists(run_dir)
+        if distributed:
+            from ..parallel.launcher import write_rank_pid
+
+            write_rank_pid(run_dir, trainer.dist.rank)
         try:
+            if not trainer.dist.is_main:
+                raise _NotMain
             os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
             atomic_write_text(os.path.join(run_dir, "config.yaml"), cfg.to_yaml())
             atomic_write_json(os.path.join(run_dir, "environment.json"), environment_record(cfg, trainer))
+        except _NotMain:
+            pass
         except OSError as exc:
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise ConfigError(f"--run-dir {run_dir}: cannot write ({exc.strerror})") from None
         trainer.learn(until=0)  # resets the envs (seeded) without training
-        trainer.save(checkpoint_prefix(os.path.join(run_dir, "checkpoints"), 0))  # a crash from here on is resumable
-        log(f"run directory: {run_dir}  (device {trainer.sandbox.device})")
+        if trainer.dist.is_main:
+            trainer.save(checkpoint_prefix(os.path.join(run_dir, "checkpoints"), 0))  # resumable from here on
+            log(f"run directory: {run_dir}  (device {trainer.sandbox.device}"
+                + (f", {trainer.world_size} data-parallel ranks over {trainer.dist.backend})" if distributed else ")"))
+    if not trainer.dist.is_main:
+        return _follow(trainer, until)
 
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     metrics_path = os.path.join(run_dir, "metrics.csv")
@@ -280,6 +334,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         writer.close()
     if not list_checkpoints(ckpt_dir) or not list_checkpoints(ckpt_dir)[-1].endswith(f"{trainer.global_step:012d}"):
         saver.save(trainer)
+    per_rank = _param_hashes(trainer)
     plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"),
                         f"PPO {cfg.env.id} (seed {cfg.run.seed})")
     completed = trainer.global_step >= cfg.run.total_steps
@@ -297,6 +352,8 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         "episodes": trainer.episodes,
         "peak_rss_mb": peak_rss_mb(),
         "param_sha256": trainer.parameters_sha256(),
+        "world_size": trainer.world_size,
+        "param_sha256_per_rank": per_rank,
         "device": trainer.sandbox.device,
         "batch_size": trainer.batch_size,
         "graph_calls_per_iteration": None if trainer.batch_size is None else

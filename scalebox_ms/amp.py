@@ -1,0 +1,163 @@
+"""Automatic mixed precision with dynamic loss scaling for the PPO update.
+
+``AutoMixedPrecision(level, dtype, init_scale, growth_factor, backoff_factor, growth_interval)`` does two things:
+
+1. **Casting** (:meth:`AutoMixedPrecision.apply`), following MindSpore's amp levels, applied to the policy and
+   value MLPs of an :class:`~scalebox_ms.models.ActorCritic`:
+
+   * ``O0`` -- nothing (float32);
+   * ``O1`` -- white-list cells (``nn.Dense``, :class:`~scalebox_ms.ops.FusedDense`) compute in ``dtype``; the
+     activations between them and everything else stay float32;
+   * ``O2`` -- the whole MLPs compute in ``dtype``; their outputs are cast back to float32, so the action
+     distributions (log-softmax, Gaussian log-prob) and the PPO loss run in float32;
+   * ``O3`` -- as O2, and the distribution heads also run in ``dtype`` (only the loss reduction promotes back).
+
+   Parameters stay float32 (master weights); MindSpore's ``Cell.to_float`` casts them per call. MindSpore's own
+   ``amp.auto_mixed_precision`` is not used on the whole model: its O1 path rewrites the network's source (it
+   fails on package-relative imports) and its O2/O3 wrap the network, which renames every parameter and so
+   would break checkpoints; the per-cell ``to_float`` it uses underneath is used here directly.
+
+2. **Dynamic loss scaling** (:class:`LossScaler`, used inside the compiled update step): the loss is multiplied
+   by ``scale`` before differentiation, gradients are divided by it, and if any gradient is not finite the
+   optimizer step is **skipped** (parameters and Adam state untouched) and the scale multiplied by
+   ``backoff_factor`` (never below 1). After ``growth_interval`` consecutive finite steps the scale is multiplied
+   by ``growth_factor``. Scale, clean-step counter and skipped-step count are Parameters: they live in the
+   checkpoint and are the same on every data-parallel rank (the finite check runs after the gradient
+   all-reduce).
+
+Backends: on CPU float16 runs (correct, but slower than float32: there are no fp16 matrix units); bfloat16
+MatMul is not supported on CPU, which :func:`check_backend` reports at start-up. On Ascend/GPU float16 is the
+fast path.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .errors import ConfigError
+
+LEVELS = ("O0", "O1", "O2", "O3")
+DTYPES = ("float16", "bfloat16")
+
+
+class AutoMixedPrecision:
+    """Mixed-precision policy + loss-scaler settings (the ``amp:`` config section)."""
+
+    def __init__(self, level: str = "O2", dtype: str = "float16", init_scale: float = 2.0 ** 10,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000):
+        if level not in LEVELS:
+            raise ConfigError(f"amp.level: {level!r} is not one of {', '.join(LEVELS)}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"amp.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+        if not init_scale > 0:
+            raise ConfigError(f"amp.init_scale: must be > 0, got {init_scale}")
+        if not growth_factor >= 1.0:
+            raise ConfigError(f"amp.growth_factor: must be >= 1, got {growth_factor}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ConfigError(f"amp.backoff_factor: must be in (0, 1), got {backoff_factor}")
+        if int(growth_interval) < 1:
+            raise ConfigError(f"amp.growth_interval: must be >= 1, got {growth_interval}")
+        self.level = level
+        self.dtype = dtype
+        self.init_scale = float(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+
+    @classmethod
+    def from_config(cls, amp_cfg) -> Optional["AutoMixedPrecision"]:
+        """None for level O0 (no casting, no loss scaling: the float32 graph is unchanged)."""
+        if amp_cfg is None or amp_cfg.level == "O0":
+            return None
+        return cls(amp_cfg.level, amp_cfg.dtype, amp_cfg.init_scale, amp_cfg.growth_factor,
+                   amp_cfg.backoff_factor, amp_cfg.growth_interval)
+
+    @property
+    def ms_dtype(self):
+        import mindspore as ms
+
+        return ms.float16 if self.dtype == "float16" else ms.bfloat16
+
+    def apply(self, model):
+        """Cast ``model``'s MLPs in place per :attr:`level`; parameter names and dtypes are unchanged."""
+        import mindspore as ms
+        from mindspore import nn
+
+        dtype = self.ms_dtype
+        for attr in ("pi_net", "vf_net"):
+            net = getattr(model, attr)
+            if self.level == "O1":
+                for _, cell in net.cells_and_names():
+                    if _is_white_listed(cell):
+                        cell.to_float(dtype)
+                    elif isinstance(cell, (nn.Tanh, nn.ReLU)):
+                        cell.to_float(ms.float32)  # activations back in float32 between low-precision layers
+            else:
+                net.to_float(dtype)
+        # O2: MLP outputs cast back to float32 before the distribution maths; O3: heads stay in low precision
+        model.head_dtype = dtype if self.level == "O3" else ms.float32
+        model.amp_level = self.level
+        return model
+
+
+def _is_white_listed(cell) -> bool:
+    from mindspore import nn
+
+    if isinstance(cell, nn.Dense):
+        return True
+    try:
+        from .ops.fused import FusedDense
+    except ImportError:  # pragma: no cover - FusedDense ships with the package
+        return False
+    return isinstance(cell, FusedDense)
+
+
+def check_backend(amp: Optional[AutoMixedPrecision], device: str) -> None:
+    """Refuse dtypes the backend cannot run, at start-up (one line naming the key)."""
+    if amp is None:
+        return
+    if amp.dtype == "bfloat16" and device.upper() == "CPU":
+        raise ConfigError("amp.dtype: bfloat16 MatMul is not supported on CPU by MindSpore 2.10; "
+                          "use float16 (correct but slower than float32 on CPU) or run on Ascend/GPU")
+
+
+class LossScaler:
+    """Graph-side dynamic loss scaler; owns three Parameters (created by :meth:`parameters`)."""
+
+    def __init__(self, amp: AutoMixedPrecision):
+        import mindspore as ms
+        import numpy as np
+        from mindspore import Parameter, Tensor
+
+        self.amp = amp
+        self.scale = Parameter(Tensor(np.float32(amp.init_scale)), name="amp.loss_scale", requires_grad=False)
+        self.good_steps = Parameter(Tensor(np.int32(0)), name="amp.good_steps", requires_grad=False)
+        self.skipped = Parameter(Tensor(np.int32(0)), name="amp.skipped_steps", requires_grad=False)
+        self._dtype = ms.float32
+
+    def parameters(self):
+        return [self.scale, self.good_steps, self.skipped]
+
+
+def all_finite(grads):
+    """True when every element of every gradient is finite (one reduction over the concatenated grads)."""
+    from mindspore import ops
+
+    flat = ops.concat([g.reshape(-1) for g in grads])
+    return ops.isfinite(flat).all()
+
+
+def update_scale(scale, good_steps, skipped, finite, amp: AutoMixedPrecision):
+    """New (scale, good_steps, skipped) after one step: back off on overflow, grow after the interval."""
+    import mindspore as ms
+    from mindspore import ops
+
+    one = ops.ones((), ms.int32)
+    zero = ops.zeros((), ms.int32)
+    good = ops.select(finite, good_steps + one, zero)
+    grow = good >= amp.growth_interval
+    grown = ops.select(grow, scale * amp.growth_factor, scale)
+    backed = ops.maximum(scale * amp.backoff_factor, 1.0)
+    new_scale = ops.select(finite, grown, backed)
+    new_good = ops.select(grow, zero, good)
+    new_skipped = ops.select(finite, skipped, skipped + one)
+    return new_scale, new_good, new_skipped

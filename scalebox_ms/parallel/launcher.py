@@ -1,0 +1,142 @@
+"""``python -m scalebox_ms.train --workers N``: run the same command as N msrun workers on this machine.
+
+The launcher (this process) never imports MindSpore. It
+
+1. picks a free TCP port on 127.0.0.1 and creates ``<run_dir>/msrun/`` for msrun's scheduler and worker logs;
+2. runs ``msrun --worker_num=N --local_worker_num=N --master_addr=127.0.0.1 --master_port=P --join=True
+   --log_dir=<run_dir>/msrun python -m scalebox_ms.train <the same arguments> --run-dir <run_dir>``; each worker
+   writes its pid to ``<run_dir>/msrun/rank_<r>.pid``;
+3. when msrun reports a worker that exited abnormally (msrun then kills the other workers), names its rank in a
+   one-line error and exits non-zero; a worker's own one-line ``error:`` (bad config, bad env id) is repeated
+   with exit code 2. A fresh run that failed before its first checkpoint leaves no run directory behind.
+
+``timeout`` (``parallel.timeout``) bounds msrun's cluster building. A worker killed mid-collective does not hang
+the job: msrun notices the dead process within about a second and terminates the rest.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from typing import List, Optional
+
+RANK_PID_DIR = "msrun"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def msrun_executable() -> str:
+    """msrun next to this interpreter (a venv's bin/), else on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "msrun")
+    if os.path.exists(here):
+        return here
+    found = shutil.which("msrun")
+    if found is None:
+        from ..errors import ConfigError
+
+        raise ConfigError("parallel.workers: msrun (MindSpore's launcher) was not found next to the Python "
+                          "interpreter or on PATH")
+    return found
+
+
+def write_rank_pid(run_dir: str, rank: int) -> None:
+    """Called by each worker: lets the launcher map a dead process to its rank."""
+    d = os.path.join(run_dir, RANK_PID_DIR)
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f".rank_{rank}.pid.tmp")
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(tmp, os.path.join(d, f"rank_{rank}.pid"))
+
+
+def _rank_of_pid(run_dir: str, pid: int) -> Optional[int]:
+    for path in glob.glob(os.path.join(run_dir, RANK_PID_DIR, "rank_*.pid")):
+        try:
+            with open(path) as f:
+                if int(f.read().strip()) == pid:
+                    return int(re.search(r"rank_(\d+)\.pid$", path).group(1))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
+
+
+def _worker_error(run_dir: str) -> Optional[str]:
+    """The first one-line ``error: ...`` a worker printed (rank order), if any."""
+    for path in sorted(glob.glob(os.path.join(run_dir, RANK_PID_DIR, "worker_*.log"))):
+        try:
+            with open(path, errors="replace") as f:
+                for line in f:
+                    if line.startswith("error: "):
+                        rank = re.search(r"worker_(\d+)\.log$", path)
+                        return f"rank {rank.group(1) if rank else '?'}: {line[len('error: '):].strip()}"
+        except OSError:
+            continue
+    return None
+
+
+def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, timeout: float,
+           stream=sys.stderr) -> int:
+    """Run ``python -m scalebox_ms.train <worker_args>`` as ``workers`` msrun ranks; returns the exit code."""
+    log_dir = os.path.join(run_dir, RANK_PID_DIR)
+    created = fresh and not os.path.exists(run_dir)
+    os.makedirs(log_dir, exist_ok=True)
+    for stale in glob.glob(os.path.join(log_dir, "rank_*.pid")):
+        os.unlink(stale)
+    port = free_port()
+    cmd = [msrun_executable(), f"--worker_num={workers}", f"--local_worker_num={workers}",
+           "--master_addr=127.0.0.1", f"--master_port={port}", "--join=True", f"--log_dir={log_dir}",
+           f"--cluster_time_out={int(max(1, timeout))}", "--tail_worker_log=0",
+           "python", "-m", "scalebox_ms.train"] + list(worker_args)
+    env = dict(os.environ)
+    # msrun starts `python` from PATH: make it this interpreter
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.setdefault("GLOG_v", "3")
+    stream.write(f"launching {workers} msrun workers on 127.0.0.1:{port}; logs in {log_dir}\n")
+    stream.flush()
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                            errors="replace", start_new_session=True)
+    dead_pid = None
+    try:
+        for line in proc.stdout:
+            m = re.search(r"Worker process (\d+) exit with exception", line)
+            if m and dead_pid is None:
+                dead_pid = int(m.group(1))
+            if _noise(line):
+                continue
+            stream.write(line)
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, 15)
+        proc.wait()
+        raise
+    if rc == 0:
+        return 0
+    message = _worker_error(run_dir)
+    code = 2 if message else 1
+    if message is None:
+        rank = _rank_of_pid(run_dir, dead_pid) if dead_pid is not None else None
+        who = f"rank {rank} (pid {dead_pid})" if rank is not None else (
+            f"pid {dead_pid}" if dead_pid is not None else "a worker")
+        message = (f"data-parallel job failed after {time.time() - t0:.0f} s: {who} exited abnormally, msrun "
+                   f"stopped the other workers (logs: {log_dir})")
+    ckpts = glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.json"))
+    if created and not ckpts:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing worth keeping: leave no half-made run behind
+    sys.stderr.write(f"error: {message}\n")
+    return code
+
+
+def _noise(line: str) -> bool:
+    """msrun's own INFO/WARNING chatter (kept in its logs)."""
+    return bool(re.match(r"^\[(INFO|WARNING|DEBUG)\]", line)) or "Start worker process with rank id" in line \
+        or "Start scheduler process" in line
