@@ -1,0 +1,230 @@
+"""Data parallelism (msrun + MCCL on this CPU), gradient accumulation and the pipeline refusal."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import mindspore as ms
+import numpy as np
+import pytest
+from conftest import REPO, run_module, small_config
+
+from scalebox_ms import Config
+from scalebox_ms.envs.normalize import RunningMeanStd, combine_moments
+from scalebox_ms.envs.spaces import SpaceSpec
+from scalebox_ms.errors import ConfigError
+from scalebox_ms.models import build_model
+from scalebox_ms.trainers.ppo_update import PPOUpdateStep, pack_features
+
+# a short 2-worker CartPole run: 8 envs (4 per rank), minibatch 64 (32 per rank)
+DP_ARGS = ["--set", "env.num_envs=8", "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=64",
+           "--set", "ppo.n_epochs=2", "--set", "run.eval_episodes=0", "--no-progress"]
+
+
+def _rows(path):
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------------- config
+@pytest.mark.parametrize("section,msg", [
+    ({"parallel": {"workers": 3}}, "env.num_envs"),
+    ({"parallel": {"workers": 2}, "ppo": {"batch_size": 32, "n_steps": 16}, "env": {"num_envs": 2}}, None),
+    ({"parallel": {"gradient_accumulation": 3}}, "parallel.gradient_accumulation"),
+    ({"parallel": {"micro_batch_size": 48}}, "parallel.micro_batch_size"),
+    ({"parallel": {"micro_batch_size": 8, "gradient_accumulation": 2}}, "parallel.gradient_accumulation"),
+    ({"parallel": {"workers": 0}}, "parallel.workers"),
+    ({"parallel": {"workers": 2}, "ppo": {"batch_size": "auto"}}, "ppo.batch_size"),
+])
+def test_parallel_config_validation(section, msg):
+    data = {"env": {"num_envs": 8}, "ppo": {"n_steps": 32, "batch_size": 64}}
+    for k, v in section.items():
+        data.setdefault(k, {}).update(v)
+    if msg is None:
+        Config.from_dict(data)  # valid
+        return
+    with pytest.raises(ConfigError, match=msg.replace(".", r"\.")):
+        Config.from_dict(data)
+
+
+def test_micro_batches_from_size_or_count():
+    from scalebox_ms.config import micro_batches
+
+    assert micro_batches(Config.from_dict({"ppo": {"batch_size": 64, "n_steps": 32}, "env": {"num_envs": 8},
+                                           "parallel": {"micro_batch_size": 16}})) == 4
+    assert micro_batches(Config.from_dict({"ppo": {"batch_size": 64, "n_steps": 32}, "env": {"num_envs": 8},
+                                           "parallel": {"workers": 2, "micro_batch_size": 8}})) == 4
+    assert micro_batches(Config.from_dict({"parallel": {"gradient_accumulation": 2}, "ppo": {"batch_size": 64}})) == 2
+
+
+# ---------------------------------------------------------------------- gradient accumulation
+def _state(step):
+    opt = step.optimizer
+    return [p.asnumpy().copy() for p in list(opt.parameters) + list(opt.moment1) + list(opt.moment2)]
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_accumulated_micro_batches_equal_one_batch(discrete):
+    """k micro-batches with gradients summed == one step on the whole minibatch (same init, same data)."""
+    cfg = Config.from_dict({"ppo": {"ent_coef": 0.01, "clip_range_vf": 0.2}})
+    spec = SpaceSpec(4, discrete, 2 if discrete else 1, None if discrete else [-2.0], None if discrete else [2.0])
+    rng = np.random.default_rng(0)
+    B = 64
+    obs = rng.normal(size=(B, 4)).astype(np.float32)
+    act = rng.integers(0, 2, B).astype(np.int32) if discrete else rng.normal(size=(B, 1)).astype(np.float32)
+    cols = [rng.normal(size=B).astype(np.float32) - 0.7, rng.normal(size=B).astype(np.float32),
+            rng.normal(size=B).astype(np.float32), rng.normal(size=B).astype(np.float32),
+            (rng.random(B) > 0.2).astype(np.float32)]
+    feats = ms.Tensor(pack_features(obs, *cols))
+    idx = ms.Tensor(rng.permutation(B)[:48].astype(np.int32))
+    scalars = [ms.Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.2, np.inf)]
+    results = []
+    for k in (1, 4):
+        ms.set_seed(11)
+        model = build_model(spec, cfg.policy)
+        step = PPOUpdateStep(model, cfg.ppo, micro_batches=k)
+        outs = [step(feats, ms.Tensor(act), idx, *scalars).asnumpy() for _ in range(3)]
+        results.append((outs, _state(step)))
+    (o1, s1), (o4, s4) = results
+    assert not np.array_equal(s1[0], results[0][1][0] * 0)  # the steps moved the parameters
+    for a, b in zip(s1, s4):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.stack(o1)[:, :6], np.stack(o4)[:, :6], rtol=1e-4, atol=1e-6)
+
+
+def test_accumulation_differs_from_averaging_micro_losses():
+    """The micro-batch losses share the minibatch's count and advantage statistics: with an uneven mask, a naive
+    mean of per-micro-batch means would be a different update; ours equals the full-batch loss."""
+    cfg = Config()
+    model = build_model(SpaceSpec(4, True, 2), cfg.policy)
+    rng = np.random.default_rng(5)
+    B = 32
+    obs = rng.normal(size=(B, 4)).astype(np.float32)
+    mask = np.ones(B, np.float32)
+    mask[:12] = 0.0  # first micro-batch mostly masked
+    feats = ms.Tensor(pack_features(obs, rng.normal(size=B) - 0.7, rng.normal(size=B), rng.normal(size=B) * 3 + 1,
+                                    rng.normal(size=B), mask))
+    act = ms.Tensor(rng.integers(0, 2, B).astype(np.int32))
+    idx = ms.Tensor(np.arange(B, dtype=np.int32))
+    lr0 = [ms.Tensor(np.float32(x)) for x in (0.0, 0.2, np.inf, np.inf)]  # lr 0: only the statistics
+    full = PPOUpdateStep(model, cfg.ppo, micro_batches=1)(feats, act, idx, *lr0).asnumpy()
+    micro = PPOUpdateStep(model, cfg.ppo, micro_batches=2)(feats, act, idx, *lr0).asnumpy()
+    np.testing.assert_allclose(full[:6], micro[:6], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------- statistics merge
+def test_combined_moments_equal_the_concatenated_batch():
+    rng = np.random.default_rng(2)
+    parts = [rng.normal(loc=i, scale=i + 1, size=(n, 3)) for i, n in enumerate((5, 17, 0, 9))]
+    mean, var, count = combine_moments([(p.mean(0) if len(p) else 0, p.var(0) if len(p) else 0, len(p))
+                                        for p in parts])
+    full = np.concatenate(parts)
+    np.testing.assert_allclose(mean, full.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(var, full.var(0), rtol=1e-12)
+    assert count == len(full)
+    # a RunningMeanStd fed through a reducer equals one fed the concatenation
+    a, b = RunningMeanStd((3,)), RunningMeanStd((3,), reduce=lambda batch: (full.mean(0), full.var(0), len(full)))
+    a.update(full)
+    b.update(parts[0])
+    np.testing.assert_allclose(a.mean, b.mean)
+    np.testing.assert_allclose(a.var, b.var)
+
+
+# ---------------------------------------------------------------------- refusals
+def test_pipeline_stages_refused_on_cpu():
+    from scalebox_ms.trainers import PPOTrainer
+
+    with pytest.raises(ConfigError, match=r"parallel\.pipeline_stages: 2 needs Ascend or GPU"):
+        PPOTrainer(small_config(parallel={"pipeline_stages": 2}))
+    r = run_module("train", "--set", "parallel.pipeline_stages=2", "--total-steps", "64",
+                   "--run-dir", os.path.join(REPO, "runs", "_never_made"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("error: parallel.pipeline_stages")
+    assert not os.path.exists(os.path.join(REPO, "runs", "_never_made"))
+
+
+def test_workers_outside_msrun_refused_by_the_library():
+    from scalebox_ms.trainers import PPOTrainer
+
+    cfg = small_config(parallel={"workers": 2})
+    tr = PPOTrainer(cfg)  # building (e.g. to evaluate a data-parallel checkpoint) is fine ...
+    with pytest.raises(ConfigError, match=r"parallel\.workers: 2 workers .* not one of 2 msrun ranks"):
+        tr.learn()  # ... training is not
+    tr.close()
+
+
+# ---------------------------------------------------------------------- real 2-worker runs
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    """A 2-worker run paused at 1024 steps, then resumed to 2048 (two msrun jobs)."""
+    run_dir = str(tmp_path_factory.mktemp("dp") / "run")
+    first = run_module("train", "--workers", "2", "--total-steps", "2048", "--until", "1024", "--run-dir", run_dir,
+                       *DP_ARGS, timeout=400)
+    second = run_module("train", "--resume", run_dir, "--no-progress", timeout=400)
+    return run_dir, first, second
+
+
+def test_two_worker_run_keeps_ranks_identical_and_resumes(dp_run):
+    run_dir, first, second = dp_run
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert second.returncode == 0, second.stderr[-2000:]
+    summary = json.loads(second.stdout)
+    assert summary["world_size"] == 2 and summary["status"] == "completed" and summary["global_step"] == 2048
+    hashes = summary["param_sha256_per_rank"]
+    assert len(hashes) == 2 and hashes[0] == hashes[1] == summary["param_sha256"]
+    rows = _rows(os.path.join(run_dir, "metrics.csv"))
+    # rank 0 alone writes: one row per iteration (8 envs x 16 steps = 128 global steps each), none duplicated
+    assert [int(r["global_step"]) for r in rows] == list(range(128, 2049, 128))
+    assert all(r["world_size"] == "2" for r in rows)
+    comm = [float(r["share_comm"]) for r in rows]
+    assert all(0.0 < c < 1.0 for c in comm)
+    assert {"rank_0.pid", "rank_1.pid", "worker_0.log", "worker_1.log"} <= set(os.listdir(os.path.join(run_dir, "msrun")))
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        assert "workers: 2" in f.read()
+
+
+def test_resume_with_another_world_size_is_refused(dp_run):
+    run_dir = dp_run[0]
+    r = run_module("train", "--resume", run_dir, "--workers", "1")
+    assert r.returncode == 2
+    assert "trained with 2 worker(s)" in r.stderr.strip().splitlines()[-1]
+    # the library path refuses too (a 1-process trainer on a 2-rank checkpoint)
+    from scalebox_ms.errors import CheckpointError
+    from scalebox_ms.trainers.checkpoint import list_checkpoints
+    from scalebox_ms.trainers.run import _check_world_size
+
+    with pytest.raises(CheckpointError, match="2-rank run; this run has 1"):
+        _check_world_size(list_checkpoints(os.path.join(run_dir, "checkpoints"))[-1], 1)
+
+
+def test_a_killed_worker_ends_the_job_with_its_rank(tmp_path):
+    run_dir = str(tmp_path / "run")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, "-m", "scalebox_ms.train", "--workers", "2", "--total-steps", "10000000",
+                             "--run-dir", run_dir, *DP_ARGS], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        metrics = os.path.join(run_dir, "metrics.csv")
+        deadline = time.time() + 240
+        while time.time() < deadline and not (os.path.exists(metrics) and len(_rows(metrics)) >= 2):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.5)
+        with open(os.path.join(run_dir, "msrun", "rank_1.pid")) as f:
+            pid = int(f.read())
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.time()
+        out, err = proc.communicate(timeout=120)
+        waited = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and f"rank 1 (pid {pid})" in last, last
+    assert waited < 120
+    assert out == ""  # no summary
