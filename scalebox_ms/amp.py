@@ -33,6 +33,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+import mindspore as ms
+import numpy as np
+from mindspore import ops
+
 from .errors import ConfigError
 
 LEVELS = ("O0", "O1", "O2", "O3")
@@ -73,13 +77,10 @@ class AutoMixedPrecision:
 
     @property
     def ms_dtype(self):
-        import mindspore as ms
-
         return ms.float16 if self.dtype == "float16" else ms.bfloat16
 
     def apply(self, model):
         """Cast ``model``'s MLPs in place per :attr:`level`; parameter names and dtypes are unchanged."""
-        import mindspore as ms
         from mindspore import nn
 
         dtype = self.ms_dtype
@@ -124,8 +125,6 @@ class LossScaler:
     """Graph-side dynamic loss scaler; owns three Parameters (created by :meth:`parameters`)."""
 
     def __init__(self, amp: AutoMixedPrecision):
-        import mindspore as ms
-        import numpy as np
         from mindspore import Parameter, Tensor
 
         self.amp = amp
@@ -140,17 +139,12 @@ class LossScaler:
 
 def all_finite(grads):
     """True when every element of every gradient is finite (one reduction over the concatenated grads)."""
-    from mindspore import ops
-
     flat = ops.concat([g.reshape(-1) for g in grads])
     return ops.isfinite(flat).all()
 
 
 def update_scale(scale, good_steps, skipped, finite, amp: AutoMixedPrecision):
     """New (scale, good_steps, skipped) after one step: back off on overflow, grow after the interval."""
-    import mindspore as ms
-    from mindspore import ops
-
     one = ops.ones((), ms.int32)
     zero = ops.zeros((), ms.int32)
     good = ops.select(finite, good_steps + one, zero)

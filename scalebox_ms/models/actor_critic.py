@@ -170,12 +170,25 @@ class ActorCritic(nn.Cell):
         AssignParameters([p for _, p in params]).write(arrays)
 
     # -- graph building blocks ------------------------------------------------------------------
+    #: set by :meth:`scalebox_ms.amp.AutoMixedPrecision.apply`: the dtype the MLP outputs are cast to before the
+    #: distribution maths (float32 under O1/O2, the low-precision dtype under O3); None: no cast (float32 model)
+    head_dtype = None
+
+    def _policy_out(self, obs):
+        out = self.pi_net(obs)
+        if self.head_dtype is not None:
+            out = out.astype(self.head_dtype)
+        return out
+
     def value(self, obs):
-        return self.vf_net(obs).squeeze(-1)
+        v = self.vf_net(obs).squeeze(-1)
+        if self.head_dtype is not None:
+            v = v.astype(self.head_dtype)
+        return v
 
     def act(self, obs, noise):
         """Sample actions with externally drawn noise; return (action, log_prob, value)."""
-        out = self.pi_net(obs)
+        out = self._policy_out(obs)
         if self.discrete:
             action = D.categorical_sample(out, noise)
             log_prob = D.categorical_log_prob(out, action)
@@ -186,7 +199,7 @@ class ActorCritic(nn.Cell):
 
     def evaluate_actions(self, obs, actions):
         """Return (log_prob, entropy, value) of given actions: the quantities of the PPO loss."""
-        out = self.pi_net(obs)
+        out = self._policy_out(obs)
         if self.discrete:
             log_prob = D.categorical_log_prob(out, actions)
             entropy = D.categorical_entropy(out)
@@ -197,7 +210,7 @@ class ActorCritic(nn.Cell):
 
     def deterministic_action(self, obs):
         """argmax for Categorical; the mean clipped to the Box bounds for Gaussian."""
-        out = self.pi_net(obs)
+        out = self._policy_out(obs)
         if self.discrete:
             return ops.argmax(out, -1).astype(ms.int32)
         return ops.clip_by_value(out, self.low, self.high)
@@ -229,6 +242,9 @@ class ActStep(nn.Cell):
         self.packed = packed
         self.kernel = kernel
         self.custom = kernel == "custom"
+        if self.custom and getattr(model, "amp_level", "O0") != "O0":
+            raise ConfigError(f"policy.act_kernel: the custom kernel computes in float32 and cannot run a model cast "
+                              f"by amp.level {model.amp_level}; use act_kernel builtin or auto")
         if self.custom:
             from ..ops.custom import FusedActorKernel
 
@@ -320,7 +336,7 @@ def resolve_act_kernel(model: ActorCritic, choice: str, num_envs: int) -> str:
         raise ConfigError(f"policy.act_kernel: {choice!r} is not one of builtin, custom, auto")
     from ..ops.custom import kernel_available
 
-    if ms.get_context("device_target") != "CPU" or not kernel_available():
+    if ms.get_context("device_target") != "CPU" or getattr(model, "amp_level", "O0") != "O0" or not kernel_available():
         return "builtin"
     return "custom" if int(num_envs) * model_macs(model) <= AUTO_CUSTOM_MAX_MACS else "builtin"
 

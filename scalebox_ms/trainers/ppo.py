@@ -91,7 +91,7 @@ class PPOTrainer:
         from ..amp import AutoMixedPrecision, check_backend
         from ..config import micro_batches
         from ..envs import ObsNormalizer, RewardScaler, make_vec_env, space_spec
-        from ..models import ActStep, DeterministicStep, ValueStep, build_model
+        from ..models import ActStep, DeterministicStep, ValueStep, build_act_step, build_model
         from ..parallel import init_distributed
         from .ppo_update import PPOUpdateStep
 
@@ -118,8 +118,9 @@ class PPOTrainer:
         if not self.spec.discrete:  # Box bounds for clipping the sampled actions, once
             self._action_low = np.asarray(self.spec.low, np.float32)
             self._action_high = np.asarray(self.spec.high, np.float32)
-        self.act_step = ActStep(self.model)
-        self._act_packed = ActStep(self.model, packed=True)  # same weights, one output buffer per call
+        # acting: MindSpore ops, or the C++ fused-MLP kernel per policy.act_kernel (models.build_act_step)
+        self.act_step = build_act_step(self.model, config.policy, self._num_envs)
+        self._act_packed = build_act_step(self.model, config.policy, self._num_envs, packed=True)
         self.value_step = ValueStep(self.model)
         self.deterministic_step = DeterministicStep(self.model)
         self.update_step = PPOUpdateStep(self.model, p, micro_batches=micro_batches(config), amp=self.amp,
@@ -551,10 +552,11 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ state
     def parameters_sha256(self) -> str:
-        """SHA-256 over all policy/value parameters (name, dtype, shape, bytes), sorted by name."""
+        """SHA-256 over all policy/value parameters (name, dtype, shape, bytes), sorted by name, in the logical
+        (nn.Dense) layout: a FusedDense model hashes like the dense model with the same weights."""
         h = hashlib.sha256()
-        for name, param in sorted(self.model.parameters_and_names(), key=lambda kv: kv[0]):
-            arr = np.ascontiguousarray(param.asnumpy())
+        for name, value in sorted(self.model.logical_parameters(), key=lambda kv: kv[0]):
+            arr = np.ascontiguousarray(value)
             h.update(name.encode())
             h.update(str(arr.dtype).encode())
             h.update(str(arr.shape).encode())
@@ -572,9 +574,13 @@ class PPOTrainer:
 
     def save(self, prefix: str) -> str:
         """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path."""
+        import mindspore as ms
+
         from .checkpoint import write_checkpoint
 
-        tensors = [{"name": name, "data": param} for name, param in self._named_state()]
+        # stored in the logical (nn.Dense) layout whatever policy.layer/align: FusedDense padding is not saved
+        tensors = [{"name": name, "data": ms.Tensor(self.model.to_logical(name, param.asnumpy()))}
+                   for name, param in self._named_state()]
         sidecar = {
             "config": self.config.to_dict(),
             "global_step": self.global_step,
@@ -623,7 +629,7 @@ class PPOTrainer:
             raise CheckpointError(f"checkpoint {ck['prefix']} does not match this model: missing {missing[0]}"
                                   + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
         for name, param in named:
-            arr = tensors[name]
+            arr = tensors[name] = self.model.to_storage(name, tensors[name])
             if tuple(arr.shape) != tuple(param.shape):
                 raise CheckpointError(f"checkpoint {ck['prefix']}: {name} has shape {tuple(arr.shape)}, "
                                       f"the model expects {tuple(param.shape)}")

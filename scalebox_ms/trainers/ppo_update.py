@@ -17,6 +17,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
+from ..amp import all_finite, update_scale
 from ..ops import clip_grad_norm
 
 
@@ -214,8 +215,6 @@ class PPOUpdateStep(nn.Cell):
             grads = tuple(out)
             terms = self.all_reduce(terms)
         if self.use_amp:
-            from ..amp import all_finite, update_scale
-
             inv = 1.0 / scale
             grads = tuple(x * inv for x in grads)
             terms = ops.concat([terms[:1] * inv, terms[1:]])
