@@ -263,3 +263,36 @@ def test_quantizer_reads_fused_layers_logically():
                 np.testing.assert_array_equal(a.weight_int8.asnumpy(), b.weight_int8.asnumpy())
                 np.testing.assert_array_equal(a.bias.asnumpy(), b.bias.asnumpy())
             np.testing.assert_array_equal(qf(Tensor(data)).asnumpy(), qd(Tensor(data)).asnumpy())
+
+
+def test_fused_trainer_checkpoint_is_the_dense_checkpoint(tmp_path):
+    """A policy.layer=fused run saves logical (nn.Dense-shaped) tensors, hashes like the dense model, and its
+    checkpoint loads into a dense trainer (and back) with identical parameters, optimizer state and actions."""
+    from conftest import small_config
+
+    from scalebox_ms.trainers import PPOTrainer
+    from scalebox_ms.trainers.checkpoint import read_checkpoint
+
+    fused = PPOTrainer(small_config(policy={"layer": "fused", "align": 16}))
+    dense = PPOTrainer(small_config())
+    assert any(tuple(p.shape) != tuple(q.shape) for (_, p), (_, q) in zip(fused._named_state(), dense._named_state()))
+    fused.learn(total_steps=128)
+    path = fused.save(str(tmp_path / "ck"))
+    tensors = read_checkpoint(path)["tensors"]
+    for name, param in dense._named_state():  # same names, dense shapes
+        assert tensors[name].shape == tuple(param.shape), name
+    dense.load(path)
+    assert dense.parameters_sha256() == fused.parameters_sha256()
+    m_f = {n: fused.model.to_logical(n, p.asnumpy()) for n, p in fused._named_state()}
+    for name, param in dense._named_state():
+        np.testing.assert_array_equal(param.asnumpy(), m_f[name], err_msg=name)
+    obs = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(dense.predict(obs), fused.predict(obs))
+    # and back: a dense checkpoint into a fused trainer (padding restored as zeros)
+    path2 = dense.save(str(tmp_path / "ck2"))
+    again = PPOTrainer(small_config(policy={"layer": "fused", "align": 16})).load(path2)
+    assert again.parameters_sha256() == dense.parameters_sha256()
+    w = dict(again.model.pi_net.name_cells())["0"].weight.asnumpy()
+    assert w.shape == (64, 16) and np.all(w[:, 4:] == 0)  # obs_dim 4 padded to 16 with zeros
+    for t in (fused, dense, again):
+        t.close()

@@ -28,3 +28,29 @@ def test_cartpole_solves_at_100k_steps():
 @pytest.mark.slow
 def test_pendulum_reaches_minus_300():
     assert train_and_eval("ppo_pendulum.yaml", seed=0) >= -300
+
+
+@pytest.mark.slow
+def test_cartpole_fp16_amp_still_learns():
+    assert train_and_eval("ppo_cartpole.yaml", seed=0, **{"amp.level": "O2"}) >= 475
+
+
+@pytest.mark.slow
+def test_cartpole_fused_dense_solves_at_100k_steps():
+    assert train_and_eval("ppo_cartpole.yaml", seed=0, **{"policy.layer": "fused"}) >= 475
+
+
+@pytest.mark.slow
+def test_cartpole_two_workers_learn_with_identical_ranks(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=REPO)
+    r = subprocess.run([sys.executable, "-m", "scalebox_ms.train", "--workers", "2", "--no-progress",
+                        "--run-dir", str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert summary["world_size"] == 2 and len(set(summary["param_sha256_per_rank"])) == 1
+    assert summary["eval_mean_return"] >= 475
