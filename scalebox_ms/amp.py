@@ -7,7 +7,8 @@
 
    * ``O0`` -- nothing (float32);
    * ``O1`` -- white-list cells (``nn.Dense``, :class:`~scalebox_ms.ops.FusedDense`) compute in ``dtype``; the
-     activations between them and everything else stay float32;
+     activation cells between dense layers and everything else stay float32 (a FusedDense layer computes its
+     activation inside the cell, so in ``dtype``);
    * ``O2`` -- the whole MLPs compute in ``dtype``; their outputs are cast back to float32, so the action
      distributions (log-softmax, Gaussian log-prob) and the PPO loss run in float32;
    * ``O3`` -- as O2, and the distribution heads also run in ``dtype`` (only the loss reduction promotes back).
@@ -52,8 +53,8 @@ class AutoMixedPrecision:
             raise ConfigError(f"amp.level: {level!r} is not one of {', '.join(LEVELS)}")
         if dtype not in DTYPES:
             raise ConfigError(f"amp.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-        if not init_scale > 0:
-            raise ConfigError(f"amp.init_scale: must be > 0, got {init_scale}")
+        if not init_scale >= 1:
+            raise ConfigError(f"amp.init_scale: must be >= 1 (the scale never backs off below 1), got {init_scale}")
         if not growth_factor >= 1.0:
             raise ConfigError(f"amp.growth_factor: must be >= 1, got {growth_factor}")
         if not 0.0 < backoff_factor < 1.0:

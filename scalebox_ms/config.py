@@ -116,8 +116,9 @@ class SandboxConfig:
 
 @dataclass
 class AmpConfig:
-    #: MindSpore amp level: 'O0' (off, float32), 'O1' (white-list ops in low precision), 'O2' (network in low
-    #: precision, BatchNorm/loss in float32), 'O3' (everything in low precision)
+    #: amp level (scalebox_ms.amp): 'O0' (off, float32), 'O1' (Dense/FusedDense cells in low precision),
+    #: 'O2' (the MLPs in low precision; distributions and loss in float32), 'O3' (O2 + distribution heads in low
+    #: precision)
     level: str = "O0"
     #: 'float16' or 'bfloat16' (bfloat16 MatMul is unsupported on CPU: refused at start-up there)
     dtype: str = "float16"
@@ -317,7 +318,7 @@ def validate(cfg: Config) -> None:
     _check(s.device_id >= 0, "sandbox.device_id", f"must be >= 0, got {s.device_id}")
     _check(s.step_timeout > 0, "sandbox.step_timeout", f"must be > 0, got {s.step_timeout}")
     a = cfg.amp
-    _check(a.init_scale > 0, "amp.init_scale", f"must be > 0, got {a.init_scale}")
+    _check(a.init_scale >= 1, "amp.init_scale", f"must be >= 1 (the scale never backs off below 1), got {a.init_scale}")
     _check(a.growth_factor >= 1.0, "amp.growth_factor", f"must be >= 1, got {a.growth_factor}")
     _check(0.0 < a.backoff_factor < 1.0, "amp.backoff_factor", f"must be in (0, 1), got {a.backoff_factor}")
     _check(a.growth_interval >= 1, "amp.growth_interval", f"must be >= 1, got {a.growth_interval}")

@@ -137,3 +137,17 @@ def test_scaler_state_is_checkpointed_and_logged(tmp_path):
     assert again.parameters_sha256() == tr.parameters_sha256()
     tr.close()
     again.close()
+
+
+def test_a_real_fp16_overflow_is_skipped_not_taken_for_a_kl_stop():
+    """init_scale 2**40 overflows fp16 in the backward pass: every step of the first update is skipped and backs off;
+    with target_kl set the update must not end early (the KL check of a non-finite step is meaningless)."""
+    from scalebox_ms.trainers import PPOTrainer
+
+    tr = PPOTrainer(small_config(amp={"level": "O2", "init_scale": 2.0 ** 40}, ppo={"target_kl": 0.01}))
+    tr.learn(total_steps=64)  # one iteration: 2 epochs x 2 minibatches
+    m = tr._last_metrics
+    assert m["amp_overflows"] == m["minibatch_steps"] == 4
+    assert m["early_stopped"] == 0 and m["n_updates"] == 0
+    assert m["loss_scale"] == 2.0 ** 36 and m["amp_skipped_steps"] == 4
+    tr.close()

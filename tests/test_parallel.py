@@ -21,6 +21,7 @@ from scalebox_ms.trainers.ppo_update import PPOUpdateStep, pack_features
 # a short 2-worker CartPole run: 8 envs (4 per rank), minibatch 64 (32 per rank)
 DP_ARGS = ["--set", "env.num_envs=8", "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=64",
            "--set", "ppo.n_epochs=2", "--set", "run.eval_episodes=0", "--no-progress"]
+NORM_ARGS = ["--set", "env.normalize_obs=true", "--set", "env.normalize_reward=true"]
 
 
 def _rows(path):
@@ -87,18 +88,23 @@ def test_accumulated_micro_batches_equal_one_batch(discrete):
         ms.set_seed(11)
         model = build_model(spec, cfg.policy)
         step = PPOUpdateStep(model, cfg.ppo, micro_batches=k)
+        start = _state(step)
         outs = [step(feats, ms.Tensor(act), idx, *scalars).asnumpy() for _ in range(3)]
-        results.append((outs, _state(step)))
-    (o1, s1), (o4, s4) = results
-    assert not np.array_equal(s1[0], results[0][1][0] * 0)  # the steps moved the parameters
+        results.append((start, outs, _state(step)))
+    (b1, o1, s1), (b4, o4, s4) = results
+    for a, b in zip(b1, b4):  # same initial weights ...
+        np.testing.assert_array_equal(a, b)
+    assert not np.allclose(b1[0], s1[0])  # ... which the three steps moved
     for a, b in zip(s1, s4):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(np.stack(o1)[:, :6], np.stack(o4)[:, :6], rtol=1e-4, atol=1e-6)
 
 
-def test_accumulation_differs_from_averaging_micro_losses():
-    """The micro-batch losses share the minibatch's count and advantage statistics: with an uneven mask, a naive
-    mean of per-micro-batch means would be a different update; ours equals the full-batch loss."""
+def test_accumulation_uses_the_minibatch_count_not_a_mean_of_micro_means():
+    """The micro-batch losses share the minibatch's count and advantage statistics: with an uneven mask the
+    accumulated loss equals the full-batch loss, and differs from the naive mean of per-micro-batch means."""
+    from scalebox_ms.trainers.ppo_update import PPOLoss
+
     cfg = Config()
     model = build_model(SpaceSpec(4, True, 2), cfg.policy)
     rng = np.random.default_rng(5)
@@ -106,14 +112,74 @@ def test_accumulation_differs_from_averaging_micro_losses():
     obs = rng.normal(size=(B, 4)).astype(np.float32)
     mask = np.ones(B, np.float32)
     mask[:12] = 0.0  # first micro-batch mostly masked
-    feats = ms.Tensor(pack_features(obs, rng.normal(size=B) - 0.7, rng.normal(size=B), rng.normal(size=B) * 3 + 1,
-                                    rng.normal(size=B), mask))
-    act = ms.Tensor(rng.integers(0, 2, B).astype(np.int32))
+    cols = [rng.normal(size=B) - 0.7, rng.normal(size=B), rng.normal(size=B) * 3 + 1, rng.normal(size=B), mask]
+    feats = ms.Tensor(pack_features(obs, *cols))
+    act_np = rng.integers(0, 2, B).astype(np.int32)
+    act = ms.Tensor(act_np)
     idx = ms.Tensor(np.arange(B, dtype=np.int32))
     lr0 = [ms.Tensor(np.float32(x)) for x in (0.0, 0.2, np.inf, np.inf)]  # lr 0: only the statistics
     full = PPOUpdateStep(model, cfg.ppo, micro_batches=1)(feats, act, idx, *lr0).asnumpy()
     micro = PPOUpdateStep(model, cfg.ppo, micro_batches=2)(feats, act, idx, *lr0).asnumpy()
     np.testing.assert_allclose(full[:6], micro[:6], rtol=1e-5, atol=1e-6)
+    loss = PPOLoss(model, cfg.ppo.ent_coef, cfg.ppo.vf_coef, False, True)
+    halves = [loss(*[ms.Tensor(np.asarray(x[s], np.float32)) for x in (obs, act_np, *cols[:2], cols[2], cols[3], mask)],
+                   ms.Tensor(np.float32(0.2)), ms.Tensor(np.float32(np.inf)))[0] for s in (slice(0, 16), slice(16, 32))]
+    naive = float(np.mean([h.asnumpy() for h in halves]))
+    assert abs(naive - float(full[0])) > 1e-3
+
+
+def test_data_parallel_update_equals_the_single_process_update_on_the_union():
+    """world_size=2 with the all-reduce replaced by 'x * 2' (two ranks holding the same shard) must equal a
+    single process on that shard twice: sums, advantage statistics and gradients are global, not per rank."""
+    from mindspore import nn
+
+    class TwoEqualRanks(nn.Cell):
+        def construct(self, x):
+            return x * 2.0
+
+    cfg = Config.from_dict({"ppo": {"ent_coef": 0.01}})
+    spec = SpaceSpec(4, True, 2)
+    rng = np.random.default_rng(9)
+    B = 32
+    obs = rng.normal(size=(B, 4)).astype(np.float32)
+    cols = [rng.normal(size=B) - 0.7, rng.normal(size=B), rng.normal(size=B) * 2 + 0.5, rng.normal(size=B),
+            (rng.random(B) > 0.25).astype(np.float32)]
+    act = rng.integers(0, 2, B).astype(np.int32)
+    shard = [ms.Tensor(pack_features(obs, *cols)), ms.Tensor(act), ms.Tensor(np.arange(B, dtype=np.int32))]
+    union = [ms.Tensor(pack_features(np.concatenate([obs, obs]), *[np.concatenate([c, c]) for c in cols])),
+             ms.Tensor(np.concatenate([act, act])), ms.Tensor(np.arange(2 * B, dtype=np.int32))]
+    scalars = [ms.Tensor(np.float32(x)) for x in (3e-3, 0.2, np.inf, np.inf)]
+    states, outs = [], []
+    for world, inputs in ((2, shard), (1, union)):
+        ms.set_seed(4)
+        model = build_model(spec, cfg.policy)
+        step = PPOUpdateStep(model, cfg.ppo, world_size=world)
+        if world == 2:
+            step.all_reduce = TwoEqualRanks()
+        outs.append(np.stack([step(*inputs, *scalars).asnumpy() for _ in range(2)]))
+        states.append(_state(step))
+    np.testing.assert_allclose(outs[0][:, :6], outs[1][:, :6], rtol=1e-5, atol=1e-6)
+    for a, b in zip(*states):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_reward_scaler_joins_the_collective_on_all_autoreset_steps():
+    """Data parallel: a rank whose envs are all in their autoreset step must still call the reducer (a collective),
+    or ranks pair up the wrong collectives and hang."""
+    from scalebox_ms.envs.normalize import RewardScaler
+
+    calls = []
+
+    def reduce(batch):
+        calls.append(len(batch))
+        return (batch.mean(0), batch.var(0), len(batch)) if len(batch) else (np.zeros(()), np.ones(()), 0.0)
+
+    scaler = RewardScaler(2, 0.99)
+    scaler.rms.reduce = reduce
+    scaler(np.ones(2), np.zeros(2, bool), np.array([False, False]))
+    scaler(np.ones(2), np.zeros(2, bool), np.array([True, False]))
+    assert calls == [0, 1]
+    assert scaler.rms.count == pytest.approx(1.0 + 1e-4)
 
 
 # ---------------------------------------------------------------------- statistics merge
@@ -163,7 +229,7 @@ def dp_run(tmp_path_factory):
     """A 2-worker run paused at 1024 steps, then resumed to 2048 (two msrun jobs)."""
     run_dir = str(tmp_path_factory.mktemp("dp") / "run")
     first = run_module("train", "--workers", "2", "--total-steps", "2048", "--until", "1024", "--run-dir", run_dir,
-                       *DP_ARGS, timeout=400)
+                       *DP_ARGS, *NORM_ARGS, timeout=400)
     second = run_module("train", "--resume", run_dir, "--no-progress", timeout=400)
     return run_dir, first, second
 
@@ -176,6 +242,9 @@ def test_two_worker_run_keeps_ranks_identical_and_resumes(dp_run):
     assert summary["world_size"] == 2 and summary["status"] == "completed" and summary["global_step"] == 2048
     hashes = summary["param_sha256_per_rank"]
     assert len(hashes) == 2 and hashes[0] == hashes[1] == summary["param_sha256"]
+    # running obs/return statistics merged across ranks: both ranks hold the same statistics
+    stats = summary["statistics_sha256_per_rank"]
+    assert len(stats) == 2 and stats[0] == stats[1]
     rows = _rows(os.path.join(run_dir, "metrics.csv"))
     # rank 0 alone writes: one row per iteration (8 envs x 16 steps = 128 global steps each), none duplicated
     assert [int(r["global_step"]) for r in rows] == list(range(128, 2049, 128))

@@ -98,7 +98,7 @@ class RewardScaler:
     def __call__(self, rewards: np.ndarray, dones: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """Scale one vector step; ``valid`` False marks autoreset steps, which neither update nor count."""
         self.returns = np.where(valid, self.returns * self.gamma + rewards, self.returns)
-        if valid.any():
+        if valid.any() or self.rms.reduce is not None:  # data parallel: every rank joins the collective, even empty
             self.rms.update(self.returns[valid])
         scaled = np.clip(rewards / np.sqrt(self.rms.var + self.epsilon), -self.clip, self.clip)
         self.returns[dones] = 0.0

@@ -90,12 +90,12 @@ class DistContext:
         import mindspore as ms
 
         key = tuple(int(s) for s in sizes)
-        cell = self._cells.get(("probe", key))
-        if cell is None:
-            cell = self._cells[("probe", key)] = _Probe(len(key))
-            self._probe_inputs = {key: [ms.Tensor(np.zeros(s, np.float32)) for s in key]}
-            cell(*self._probe_inputs[key]).asnumpy()  # compile outside the timing
-        inputs = self._probe_inputs[key]
+        if ("probe", key) not in self._cells:
+            inputs = [ms.Tensor(np.zeros(s, np.float32)) for s in key]
+            cell = _cell_classes()[1]()
+            cell(*inputs).asnumpy()  # compile outside the timing
+            self._cells[("probe", key)] = (cell, inputs)
+        cell, inputs = self._cells[("probe", key)]
         t0 = time.perf_counter()
         cell(*inputs).asnumpy()
         return time.perf_counter() - t0
@@ -103,58 +103,49 @@ class DistContext:
     def _cell(self, kind: str, n: int):
         key = (kind, n)
         if key not in self._cells:
-            self._cells[key] = _Gather() if kind == "gather" else _Sum()
+            from mindspore import ops
+
+            self._cells[key] = _cell_classes()[0](ops.AllGather() if kind == "gather" else ops.AllReduce())
         return self._cells[key]
 
 
-def _cells():
-    import mindspore as ms
-    from mindspore import nn, ops
-
-    class Gather(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.op = ops.AllGather()
-
-        @ms.jit
-        def construct(self, x):
-            return self.op(x)
-
-    class Sum(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.op = ops.AllReduce()
-
-        @ms.jit
-        def construct(self, x):
-            return self.op(x)
-
-    class Probe(nn.Cell):
-        def __init__(self, n):
-            super().__init__()
-            self.op = ops.AllReduce()
-            self.n = n
-
-        @ms.jit
-        def construct(self, *xs):
-            acc = self.op(xs[0])[0]
-            for x in xs[1:]:
-                acc = acc + self.op(x)[0]
-            return acc
-
-    return Gather, Sum, Probe
+_CELL_CLASSES = None
 
 
-def _Gather():
-    return _cells()[0]()
+def _cell_classes():
+    """(OneOp, Probe) Cell classes, defined once MindSpore is imported (this module does not import it eagerly)."""
+    global _CELL_CLASSES
+    if _CELL_CLASSES is None:
+        import mindspore as ms
+        from mindspore import nn, ops
 
+        class OneOp(nn.Cell):
+            """One compiled collective on one Tensor."""
 
-def _Sum():
-    return _cells()[1]()
+            def __init__(self, op):
+                super().__init__()
+                self.op = op
 
+            @ms.jit
+            def construct(self, x):
+                return self.op(x)
 
-def _Probe(n):
-    return _cells()[2](n)
+        class Probe(nn.Cell):
+            """The update step's all-reduces, on Tensors of the same sizes, in one graph."""
+
+            def __init__(self):
+                super().__init__()
+                self.op = ops.AllReduce()
+
+            @ms.jit
+            def construct(self, *xs):
+                acc = self.op(xs[0])[0]
+                for x in xs[1:]:
+                    acc = acc + self.op(x)[0]
+                return acc
+
+        _CELL_CLASSES = (OneOp, Probe)
+    return _CELL_CLASSES
 
 
 def current() -> DistContext:

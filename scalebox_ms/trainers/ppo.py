@@ -91,7 +91,7 @@ class PPOTrainer:
         from ..amp import AutoMixedPrecision, check_backend
         from ..config import micro_batches
         from ..envs import ObsNormalizer, RewardScaler, make_vec_env, space_spec
-        from ..models import ActStep, DeterministicStep, ValueStep, build_act_step, build_model
+        from ..models import DeterministicStep, ValueStep, build_act_step, build_model
         from ..parallel import init_distributed
         from .ppo_update import PPOUpdateStep
 
@@ -441,7 +441,7 @@ class PPOTrainer:
                 outputs.append(out)
                 if early_stop:
                     out = outputs[-1] = out.asnumpy()
-                    if out[6] < 0.5:  # not applied: approx_kl > 1.5 * target_kl
+                    if out[6] < 0.5 and out[7] > 0.5:  # approx_kl > 1.5 * target_kl (not an AMP overflow skip)
                         stopped = True
                         break
             if stopped:
@@ -653,6 +653,8 @@ class PPOTrainer:
             # data parallel: rank 0's checkpoint holds rank 0's env state only; every rank restarts its episodes
             # from seeds derived from (seed, step, rank), and ranks > 0 their sampling stream likewise
             self._reset_envs(seed=self._env_seed(self.config.run.seed + self.global_step))
+            if self.reward_scaler is not None:  # rank 0's per-env returns belong to episodes that no longer run
+                self.reward_scaler.returns[:] = 0.0
             if self.dist.rank > 0:
                 self.rng = np.random.Generator(np.random.PCG64([self.config.run.seed, self.global_step])
                                                .jumped(self.dist.rank))

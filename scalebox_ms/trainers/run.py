@@ -233,19 +233,32 @@ def _check_world_size(prefix: str, world_size: int) -> None:
                               f"{world_size} rank(s): resume with the same parallel.workers")
 
 
-def _param_hashes(trainer) -> List[str]:
-    """Every rank's param_sha256 (rank order), gathered on every rank: equal hashes = ranks in lockstep."""
+def _gather_hex(trainer, digest_hex: str) -> List[str]:
+    """Every rank's SHA-256 digest (rank order), gathered on every rank (a collective: all ranks call it)."""
     import numpy as np
 
-    digest = bytes.fromhex(trainer.parameters_sha256())
-    rows = trainer.dist.all_gather(np.frombuffer(digest, np.uint8).astype(np.float32))
+    rows = trainer.dist.all_gather(np.frombuffer(bytes.fromhex(digest_hex), np.uint8).astype(np.float32))
     return [bytes(r.astype(np.uint8).tolist()).hex() for r in rows]
+
+
+def _rank_hashes(trainer) -> dict:
+    """param_sha256_per_rank, and statistics_sha256_per_rank with obs/reward normalisation: equal hashes = ranks
+    in lockstep (identical parameters; identically merged running statistics)."""
+    import hashlib
+    import json
+
+    out = {"param_sha256_per_rank": _gather_hex(trainer, trainer.parameters_sha256())}
+    norms = [n.rms.state_dict() for n in (trainer.obs_normalizer, trainer.reward_scaler) if n is not None]
+    if norms:
+        digest = hashlib.sha256(json.dumps(norms, sort_keys=True).encode()).hexdigest()
+        out["statistics_sha256_per_rank"] = _gather_hex(trainer, digest)
+    return out
 
 
 def _follow(trainer, until: Optional[int]):
     """Ranks > 0: train in lockstep with rank 0 (same collectives), write nothing, return no summary."""
     trainer.learn(until=until)
-    _param_hashes(trainer)
+    _rank_hashes(trainer)
     trainer.close()
     return None
 
@@ -334,7 +347,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         writer.close()
     if not list_checkpoints(ckpt_dir) or not list_checkpoints(ckpt_dir)[-1].endswith(f"{trainer.global_step:012d}"):
         saver.save(trainer)
-    per_rank = _param_hashes(trainer)
+    per_rank = _rank_hashes(trainer)
     plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"),
                         f"PPO {cfg.env.id} (seed {cfg.run.seed})")
     completed = trainer.global_step >= cfg.run.total_steps
@@ -353,7 +366,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         "peak_rss_mb": peak_rss_mb(),
         "param_sha256": trainer.parameters_sha256(),
         "world_size": trainer.world_size,
-        "param_sha256_per_rank": per_rank,
+        **per_rank,
         "device": trainer.sandbox.device,
         "batch_size": trainer.batch_size,
         "graph_calls_per_iteration": None if trainer.batch_size is None else
