@@ -297,3 +297,23 @@ def test_a_killed_worker_ends_the_job_with_its_rank(tmp_path):
     assert last.startswith("error: ") and f"rank 1 (pid {pid})" in last, last
     assert waited < 120
     assert out == ""  # no summary
+
+
+def test_a_users_own_msrun_line_is_detected(tmp_path):
+    """msrun started by the user (no --workers): every process detects its role, the world size is taken from msrun
+    and recorded in the run's config, rank 0 writes the run."""
+    from scalebox_ms.parallel.launcher import free_port, msrun_executable
+
+    run_dir = tmp_path / "run"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    r = subprocess.run([msrun_executable(), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+                        f"--master_port={free_port()}", "--join=True", f"--log_dir={tmp_path / 'logs'}",
+                        "python", "-m", "scalebox_ms.train", "--total-steps", "256", "--run-dir", str(run_dir),
+                        *DP_ARGS], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-2000:]
+    with open(run_dir / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["world_size"] == 2 and len(set(summary["param_sha256_per_rank"])) == 1
+    assert "workers: 2" in (run_dir / "config.yaml").read_text()

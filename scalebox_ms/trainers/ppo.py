@@ -105,6 +105,11 @@ class PPOTrainer:
         # data parallel: inside an msrun worker this joins the job (HCCL / NCCL / MCCL); else rank 0 of 1
         self.dist = init_distributed(device)
         W = self.dist.world_size
+        if W > 1 and config.parallel.workers == 1:  # started by the user's own msrun line without --workers
+            data = config.to_dict()
+            data["parallel"]["workers"] = W
+            self.config = config = Config.from_dict(data)  # re-validated for W ranks
+            e, p = config.env, config.ppo
         if W > 1 and e.num_envs % W:
             raise ConfigError(f"env.num_envs: ({e.num_envs}) must be divisible by the {W} msrun workers")
         self._num_envs = e.num_envs // W  # this rank's shard of the envs

@@ -303,9 +303,12 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         cfg = cfg if cfg is not None else Config()
         run_dir = run_dir or default_run_dir(cfg)
         launcher_made = {"msrun"} if distributed else set()  # msrun's log dir, made by the launcher
-        if os.path.exists(run_dir) and (not os.path.isdir(run_dir) or set(os.listdir(run_dir)) - launcher_made):
+        first_rank = os.environ.get("RANK_ID", "0") == "0"  # under msrun rank 0 checks; the others may see its files
+        if first_rank and os.path.exists(run_dir) and (not os.path.isdir(run_dir)
+                                                       or set(os.listdir(run_dir)) - launcher_made):
             raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
         trainer = PPOTrainer(cfg)  # validates env id and spaces before anything is written
+        cfg = trainer.config  # (under a user's msrun line: parallel.workers = the detected world size)
         created = not os.path.exists(run_dir)
         if distributed:
             from ..parallel.launcher import write_rank_pid
