@@ -2,7 +2,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="scalebox_ms",
-    version="0.1.0",
+    version="0.2.0",
     description="MindSpore-native reinforcement learning: PPO compiled into MindSpore graphs",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",

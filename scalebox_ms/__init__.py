@@ -1,5 +1,5 @@
 """scalebox_ms: MindSpore-native reinforcement learning (PPO compiled into MindSpore graphs)."""
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .config import Config, load_config  # noqa: E402  (no MindSpore import)
 from .errors import CheckpointError, ConfigError, ScaleboxError  # noqa: E402
