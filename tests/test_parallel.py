@@ -317,3 +317,11 @@ def test_a_users_own_msrun_line_is_detected(tmp_path):
         summary = json.load(f)
     assert summary["world_size"] == 2 and len(set(summary["param_sha256_per_rank"])) == 1
     assert "workers: 2" in (run_dir / "config.yaml").read_text()
+
+
+def test_each_rank_gets_its_own_device_id():
+    from scalebox_ms.parallel.context import local_rank
+
+    assert local_rank({"RANK_ID": "3"}) == 3
+    assert local_rank({"RANK_ID": "5", "LOCAL_RANK": "1"}) == 1
+    assert local_rank({}) == 0

@@ -31,6 +31,13 @@ def serve_as_scheduler() -> None:
     init()
 
 
+def local_rank(environ=None) -> int:
+    """This worker's rank on its node (msrun exports RANK_ID; LOCAL_RANK where a launcher sets it). Single node:
+    the global rank."""
+    environ = os.environ if environ is None else environ
+    return int(environ.get("LOCAL_RANK", environ.get("RANK_ID", "0")) or 0)
+
+
 def msrun_world_size() -> int:
     return int(os.environ.get("MS_WORKER_NUM", "1") or 1) if in_msrun() else 1
 

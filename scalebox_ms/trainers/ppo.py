@@ -79,12 +79,18 @@ class PPOTrainer:
             sb_cfg = config.sandbox
             from ..parallel.context import in_msrun, msrun_world_size
 
-            if in_msrun() and sb_cfg.threads == 0:  # ranks share this machine's cores instead of each taking all
+            if in_msrun():
                 import copy
                 import os
 
+                from ..parallel.context import local_rank
+
                 sb_cfg = copy.copy(sb_cfg)
-                sb_cfg.threads = max(1, (os.cpu_count() or 1) // msrun_world_size())
+                if sb_cfg.threads == 0:  # ranks share this machine's cores instead of each taking all
+                    sb_cfg.threads = max(1, (os.cpu_count() or 1) // msrun_world_size())
+                # one accelerator per rank: sandbox.device_id is rank 0's device, rank r takes the r-th after it
+                # (ignored on CPU)
+                sb_cfg.device_id = sb_cfg.device_id + local_rank()
             sandbox = Sandbox.from_config(sb_cfg, seed)
         self.sandbox = sandbox
 

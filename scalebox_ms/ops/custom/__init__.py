@@ -43,3 +43,7 @@ __all__ = [
     "library_path",
     "stats",
 ]
+
+from .update import PPOUpdateKernel  # noqa: E402  (the whole PPO minibatch update as one kernel)
+
+__all__ += ["PPOUpdateKernel"]

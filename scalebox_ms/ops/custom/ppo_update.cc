@@ -1,0 +1,445 @@
+// Whole PPO minibatch update as one MindSpore ops.Custom(func_type="aot") kernel on CPU.
+//
+// One call does what scalebox_ms.trainers.ppo_update.PPOUpdateStep does in ~220 MindSpore kernels: gather the
+// minibatch rows, forward the policy and value MLPs, the PPO loss (masked means, advantage normalisation,
+// clipped surrogate, optional SB3 value clipping, entropy bonus), the manual backward for every parameter, the
+// global grad-norm clip and MindSpore nn.Adam's update (P.Adam's CPU formula), skipped when approx_kl > kl_limit
+// and target_kl is set. The model's Parameters and Adam's state are inputs that the kernel WRITES IN PLACE (on
+// CPU graph mode MindSpore hands an aot kernel the Parameters' own memory; update.py and the tests check that
+// other graphs and Parameter.asnumpy() see the writes).
+//
+// Inputs (params[0 .. nparam-2]), float32 unless noted:
+//   0 features (B, obs_dim + 5) [obs | old_log_prob | old_value | advantage | return | mask]
+//   1 actions  int32 (B,) (discrete) or (B, act_dim)
+//   2 indices  int32 (M,) minibatch rows
+//   3 learning_rate, 4 clip_range, 5 clip_range_vf, 6 kl_limit: scalars (any shape, first element read)
+//   7 meta int32: n_pi, n_vf, discrete, activation (0 tanh, 1 relu), obs_dim, act_dim, normalize_advantage,
+//     clip_value, kl_stop, then the output width of every policy layer, then of every value layer
+//   8 hyper: ent_coef, vf_coef, max_grad_norm, beta1, beta2, eps
+//   9 Adam learning_rate Parameter (written: learning_rate), 10 beta1_power, 11 beta2_power (written when the
+//     step is applied), 12 global_step int32 (written when applied)
+//   13 log_std (act_dim,), 14 its moment1, 15 its moment2 (ignored for discrete actions)
+//   16 ..: W_0, b_0, W_1, b_1, ... (policy layers, then value layers; nn.Dense layout W (out, in)), then the
+//     moment1 of each in the same order, then the moment2 of each
+// Output (params[nparam-1]): float32 (9,) [loss, policy_loss, value_loss, entropy_loss, approx_kl,
+//   clip_fraction, kl_ok, finite (1), loss_scale (1)].
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kCols = 16;  // outputs per micro-tile; every activation / gradient buffer is padded to it
+constexpr int kMaxLayers = 16;
+
+inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
+
+#if defined(__AVX512F__)
+constexpr int kVec = 16;
+#elif defined(__AVX__)
+constexpr int kVec = 8;
+#else
+constexpr int kVec = 4;
+#endif
+constexpr int kNV = kCols / kVec;
+constexpr int kRows = kNV == 1 ? 8 : 4;
+typedef float vf __attribute__((vector_size(kVec * sizeof(float))));
+
+#define SBX_INLINE inline __attribute__((always_inline))
+
+SBX_INLINE vf loadv(const float *p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+SBX_INLINE void storev(float *p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+
+// tanh as Eigen's [13/6] rational approximation (see fused_actor_mlp.cc).
+SBX_INLINE vf tanhv(vf x) {
+  const float c = 7.90531110763549805f;
+  vf xc = x < -c ? -c : x;
+  xc = xc > c ? c : xc;
+  const vf x2 = xc * xc;
+  vf p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+  p = p * x2 + -8.60467152213735e-11f;
+  p = p * x2 + 5.12229709037114e-08f;
+  p = p * x2 + 1.48572235717979e-05f;
+  p = p * x2 + 6.37261928875436e-04f;
+  p = p * x2 + 4.89352455891786e-03f;
+  p = p * xc;
+  vf q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+  q = q * x2 + 2.26843463243900e-03f;
+  q = q * x2 + 4.89352518554385e-03f;
+  const vf r = p / q;
+  const vf ax = x < 0.0f ? -x : x;
+  return ax < 0.0004f ? x : r;
+}
+
+// C[r, :N] = (bias | 0) + sum_k A(r, k) * B[k, :N] for ROWS rows; A(r, k) = A[r * sar + k * sak]; N % kCols == 0.
+template <int ROWS>
+SBX_INLINE void tile(int K, const float *__restrict A, int64_t sar, int64_t sak, const float *__restrict B, int ldb,
+                     float *__restrict C, int ldc, int N, const float *__restrict bias) {
+  for (int n0 = 0; n0 < N; n0 += kCols) {
+    vf acc[ROWS][kNV];
+    for (int v = 0; v < kNV; ++v) {
+      const vf b = bias ? loadv(bias + n0 + v * kVec) : vf{} ;
+      for (int r = 0; r < ROWS; ++r) acc[r][v] = b;
+    }
+    for (int k = 0; k < K; ++k) {
+      const float *bp = B + static_cast<int64_t>(k) * ldb + n0;
+      vf bv[kNV];
+      for (int v = 0; v < kNV; ++v) bv[v] = loadv(bp + v * kVec);
+      for (int r = 0; r < ROWS; ++r) {
+        const float a = A[r * sar + k * sak];
+        for (int v = 0; v < kNV; ++v) acc[r][v] += a * bv[v];
+      }
+    }
+    for (int r = 0; r < ROWS; ++r)
+      for (int v = 0; v < kNV; ++v) storev(C + static_cast<int64_t>(r) * ldc + n0 + v * kVec, acc[r][v]);
+  }
+}
+
+void gemm(int rows, int N, int K, const float *A, int64_t sar, int64_t sak, const float *B, int ldb, float *C,
+          int ldc, const float *bias) {
+  int r = 0;
+  for (; r + kRows <= rows; r += kRows) tile<kRows>(K, A + r * sar, sar, sak, B, ldb, C + static_cast<int64_t>(r) * ldc, ldc, N, bias);
+  for (; r < rows; ++r) tile<1>(K, A + r * sar, sar, sak, B, ldb, C + static_cast<int64_t>(r) * ldc, ldc, N, bias);
+}
+
+struct Layer {
+  int in, out, inp, outp;         // logical sizes and sizes rounded up to kCols
+  float *w, *b, *mw, *mb, *vw, *vb;  // Parameters (in place), nn.Dense layout
+  std::vector<float> wt;          // W transposed (in, outp), zero-padded
+  std::vector<float> wp;          // W (out, inp), zero-padded (backward to the layer input)
+  std::vector<float> bias;        // (outp,)
+  std::vector<float> gwt;         // dL/dW transposed (in, outp)
+  std::vector<float> gw, gb;      // dL/dW (out, in), dL/db (out,)
+  std::vector<float> h;           // layer output after activation (M, outp)
+};
+
+void forward(std::vector<Layer> &net, const float *x, int ldx, int M, int act) {
+  const float *cur = x;
+  int ld = ldx;
+  for (size_t l = 0; l < net.size(); ++l) {
+    Layer &L = net[l];
+    L.h.resize(static_cast<size_t>(M) * L.outp);
+    gemm(M, L.outp, L.in, cur, ld, 1, L.wt.data(), L.outp, L.h.data(), L.outp, L.bias.data());
+    if (l + 1 < net.size()) {
+      float *h = L.h.data();
+      const int64_t n = static_cast<int64_t>(M) * L.outp;
+      if (act == 0) {
+        for (int64_t i = 0; i < n; i += kVec) storev(h + i, tanhv(loadv(h + i)));
+      } else {
+        for (int64_t i = 0; i < n; ++i) h[i] = h[i] > 0.0f ? h[i] : 0.0f;
+      }
+    }
+    cur = L.h.data();
+    ld = L.outp;
+  }
+}
+
+// delta: dL/d(last layer pre-activation output) (M, outp of the last layer); fills gw, gb of every layer.
+void backward(std::vector<Layer> &net, const float *x, int ldx, int M, int act, std::vector<float> &delta,
+              std::vector<float> &tmp) {
+  for (int l = static_cast<int>(net.size()) - 1; l >= 0; --l) {
+    Layer &L = net[l];
+    const float *in = l == 0 ? x : net[l - 1].h.data();
+    const int ldi = l == 0 ? ldx : net[l - 1].outp;
+    // dW^T (in, outp) = H_in^T (in, M) @ delta (M, outp)
+    L.gwt.resize(static_cast<size_t>(L.in) * L.outp);
+    gemm(L.in, L.outp, M, in, 1, ldi, delta.data(), L.outp, L.gwt.data(), L.outp, nullptr);
+    std::vector<double> gb(L.outp, 0.0);
+    for (int r = 0; r < M; ++r) {
+      const float *d = delta.data() + static_cast<int64_t>(r) * L.outp;
+      for (int o = 0; o < L.out; ++o) gb[o] += d[o];
+    }
+    L.gw.resize(static_cast<size_t>(L.out) * L.in);
+    L.gb.resize(L.out);
+    for (int o = 0; o < L.out; ++o) {
+      L.gb[o] = static_cast<float>(gb[o]);
+      for (int i = 0; i < L.in; ++i) L.gw[static_cast<size_t>(o) * L.in + i] = L.gwt[static_cast<size_t>(i) * L.outp + o];
+    }
+    if (l == 0) break;
+    // dL/dH_in (M, inp) = delta (M, out) @ W (out, inp), then through the activation of layer l-1
+    tmp.resize(static_cast<size_t>(M) * L.inp);
+    gemm(M, L.inp, L.out, delta.data(), L.outp, 1, L.wp.data(), L.inp, tmp.data(), L.inp, nullptr);
+    const float *h = net[l - 1].h.data();
+    const int64_t n = static_cast<int64_t>(M) * L.inp;
+    float *t = tmp.data();
+    if (act == 0) {
+      for (int64_t i = 0; i < n; ++i) t[i] *= 1.0f - h[i] * h[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) t[i] = h[i] > 0.0f ? t[i] : 0.0f;
+    }
+    delta.swap(tmp);
+  }
+}
+
+// d clip_by_value(x, lo, hi) / dx as MindSpore computes it (0.5 at the bounds).
+inline float clip_grad(float x, float lo, float hi) {
+  if (x > lo && x < hi) return 1.0f;
+  if (x == lo || x == hi) return 0.5f;
+  return 0.0f;
+}
+
+inline float clampf(float x, float lo, float hi) { return std::min(std::max(x, lo), hi); }
+
+// MindSpore P.Adam (CPU): m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); w -= lr_t m / (sqrt(v) + eps).
+inline void adam(float *w, float *m, float *v, const float *g, int64_t n, float coef, float lr_t, float beta1,
+                 float beta2, float eps) {
+  const float c1 = 1.0f - beta1, c2 = 1.0f - beta2;
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * coef;
+    m[i] += (gi - m[i]) * c1;
+    v[i] += (gi * gi - v[i]) * c2;
+    w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+  }
+}
+
+}  // namespace
+
+extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                         void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam < 17) return 1;
+  const int32_t *meta = static_cast<const int32_t *>(params[7]);
+  const int n_pi = meta[0], n_vf = meta[1], discrete = meta[2], act = meta[3], obs_dim = meta[4], act_dim = meta[5];
+  const bool normalize_adv = meta[6] != 0, clip_value = meta[7] != 0, kl_stop = meta[8] != 0;
+  if (n_pi < 1 || n_vf < 1 || n_pi > kMaxLayers || n_vf > kMaxLayers) return 2;
+  const int nl = n_pi + n_vf;
+  if (nparam != 16 + 6 * nl + 1) return 3;
+  for (int i = 0; i < nparam; ++i) {
+    const bool is_int = i == 2 || i == 7 || i == 12 || (i == 1 && discrete);
+    if (std::strcmp(dtypes[i], is_int ? "int32" : "float32") != 0) return 4;
+  }
+  const int fw = obs_dim + 5;
+  if (ndims[0] != 2 || shapes[0][1] != fw || ndims[2] != 1) return 5;
+  const int64_t B = shapes[0][0];
+  const int M = static_cast<int>(shapes[2][0]);
+  if (discrete ? (ndims[1] != 1 || shapes[1][0] != B) : (ndims[1] != 2 || shapes[1][0] != B || shapes[1][1] != act_dim))
+    return 5;
+  if (ndims[nparam - 1] != 1 || shapes[nparam - 1][0] != 9) return 5;
+  if (!discrete && (ndims[13] != 1 || shapes[13][0] != act_dim)) return 5;
+
+  const float *features = static_cast<const float *>(params[0]);
+  const int32_t *idx = static_cast<const int32_t *>(params[2]);
+  const float lr = *static_cast<const float *>(params[3]);
+  const float clip = *static_cast<const float *>(params[4]);
+  const float clip_vf = *static_cast<const float *>(params[5]);
+  const float kl_limit = *static_cast<const float *>(params[6]);
+  const float *hyper = static_cast<const float *>(params[8]);
+  const float ent_coef = hyper[0], vf_coef = hyper[1], max_norm = hyper[2], beta1 = hyper[3], beta2 = hyper[4],
+              eps = hyper[5];
+  float *lr_param = static_cast<float *>(params[9]);
+  float *beta1_power = static_cast<float *>(params[10]);
+  float *beta2_power = static_cast<float *>(params[11]);
+  int32_t *global_step = static_cast<int32_t *>(params[12]);
+  float *log_std = static_cast<float *>(params[13]);
+  float *out = static_cast<float *>(params[nparam - 1]);
+
+  std::vector<Layer> pi(n_pi), vf(n_vf);
+  for (int k = 0; k < nl; ++k) {
+    Layer &L = k < n_pi ? pi[k] : vf[k - n_pi];
+    const int pw = 16 + 2 * k, pb = pw + 1;
+    const bool first = (k == 0 || k == n_pi);
+    L.in = first ? obs_dim : (k < n_pi ? pi[k - 1].out : vf[k - n_pi - 1].out);
+    L.out = meta[9 + k];
+    if (ndims[pw] != 2 || ndims[pb] != 1 || shapes[pw][0] != L.out || shapes[pw][1] != L.in || shapes[pb][0] != L.out)
+      return 6;
+    L.inp = round_up(L.in, kCols);
+    L.outp = round_up(L.out, kCols);
+    L.w = static_cast<float *>(params[pw]);
+    L.b = static_cast<float *>(params[pb]);
+    L.mw = static_cast<float *>(params[pw + 2 * nl]);
+    L.mb = static_cast<float *>(params[pb + 2 * nl]);
+    L.vw = static_cast<float *>(params[pw + 4 * nl]);
+    L.vb = static_cast<float *>(params[pb + 4 * nl]);
+    L.wt.assign(static_cast<size_t>(L.in) * L.outp, 0.0f);
+    L.wp.assign(static_cast<size_t>(L.out) * L.inp, 0.0f);
+    L.bias.assign(L.outp, 0.0f);
+    for (int o = 0; o < L.out; ++o) {
+      L.bias[o] = L.b[o];
+      for (int i = 0; i < L.in; ++i) {
+        const float w = L.w[static_cast<size_t>(o) * L.in + i];
+        L.wt[static_cast<size_t>(i) * L.outp + o] = w;
+        L.wp[static_cast<size_t>(o) * L.inp + i] = w;
+      }
+    }
+  }
+  if (pi.back().out != act_dim || vf.back().out != 1) return 7;
+
+  // gather the minibatch
+  std::vector<float> x(static_cast<size_t>(M) * obs_dim), old_lp(M), old_v(M), adv(M), ret(M), mask(M);
+  std::vector<int32_t> a_disc(discrete ? M : 0);
+  std::vector<float> a_cont(discrete ? 0 : static_cast<size_t>(M) * act_dim);
+  for (int r = 0; r < M; ++r) {
+    const int64_t row = idx[r];
+    if (row < 0 || row >= B) return 8;
+    const float *f = features + row * fw;
+    std::memcpy(x.data() + static_cast<int64_t>(r) * obs_dim, f, sizeof(float) * obs_dim);
+    old_lp[r] = f[obs_dim];
+    old_v[r] = f[obs_dim + 1];
+    adv[r] = f[obs_dim + 2];
+    ret[r] = f[obs_dim + 3];
+    mask[r] = f[obs_dim + 4];
+    if (discrete) {
+      const int32_t a = static_cast<const int32_t *>(params[1])[row];
+      if (a < 0 || a >= act_dim) return 9;
+      a_disc[r] = a;
+    } else {
+      std::memcpy(a_cont.data() + static_cast<int64_t>(r) * act_dim, static_cast<const float *>(params[1]) + row * act_dim,
+                  sizeof(float) * act_dim);
+    }
+  }
+  double msum = 0.0;
+  for (int r = 0; r < M; ++r) msum += mask[r];
+  const float n = std::max(static_cast<float>(msum), 1.0f);
+  if (normalize_adv) {
+    double s = 0.0;
+    for (int r = 0; r < M; ++r) s += static_cast<double>(adv[r]) * mask[r];
+    const float mean = static_cast<float>(s / n);
+    double sq = 0.0;
+    for (int r = 0; r < M; ++r) sq += static_cast<double>(adv[r] - mean) * (adv[r] - mean) * mask[r];
+    const float stdv = std::sqrt(static_cast<float>(sq / std::max(n - 1.0f, 1.0f)));
+    for (int r = 0; r < M; ++r) adv[r] = (adv[r] - mean) / (stdv + 1e-8f);
+  }
+
+  forward(pi, x.data(), obs_dim, M, act);
+  forward(vf, x.data(), obs_dim, M, act);
+  const float *head = pi.back().h.data();
+  const int hp = pi.back().outp;
+  const float *vout = vf.back().h.data();
+  const int vp = vf.back().outp;
+
+  static const float kHalfLog2Pi = 0.918938533204672741780329736406f;
+  std::vector<float> inv_std(act_dim, 1.0f);
+  float gauss_ent = 0.0f;
+  if (!discrete) {
+    for (int j = 0; j < act_dim; ++j) {
+      inv_std[j] = std::exp(-log_std[j]);
+      gauss_ent += 0.5f + kHalfLog2Pi + log_std[j];
+    }
+  }
+  const float lo = 1.0f - clip, hi = 1.0f + clip;
+  std::vector<float> dpi(static_cast<size_t>(M) * hp, 0.0f), dv(static_cast<size_t>(M) * vp, 0.0f);
+  std::vector<double> g_log_std(act_dim, 0.0);
+  std::vector<float> p(act_dim), ls(act_dim);
+  double s_pol = 0.0, s_val = 0.0, s_ent = 0.0, s_kl = 0.0, s_clip = 0.0;
+  for (int r = 0; r < M; ++r) {
+    const float *h = head + static_cast<int64_t>(r) * hp;
+    const float mk = mask[r], w = mk / n;
+    float lp, ent;
+    if (discrete) {
+      float mx = h[0];
+      for (int j = 1; j < act_dim; ++j) mx = std::max(mx, h[j]);
+      float s = 0.0f;
+      for (int j = 0; j < act_dim; ++j) s += std::exp(h[j] - mx);
+      const float lse = mx + std::log(s);
+      ent = 0.0f;
+      for (int j = 0; j < act_dim; ++j) {
+        ls[j] = h[j] - lse;
+        p[j] = std::exp(ls[j]);
+        ent -= p[j] * ls[j];
+      }
+      lp = ls[a_disc[r]];
+    } else {
+      lp = 0.0f;
+      const float *a = a_cont.data() + static_cast<int64_t>(r) * act_dim;
+      for (int j = 0; j < act_dim; ++j) {
+        const float z = (a[j] - h[j]) * inv_std[j];
+        lp += -0.5f * z * z - log_std[j] - kHalfLog2Pi;
+      }
+      ent = gauss_ent;
+    }
+    const float log_ratio = lp - old_lp[r];
+    const float ratio = std::exp(log_ratio);
+    const float s1 = ratio * adv[r], s2 = clampf(ratio, lo, hi) * adv[r];
+    s_pol += static_cast<double>(std::min(s1, s2)) * mk;
+    s_kl += static_cast<double>((ratio - 1.0f) - log_ratio) * mk;
+    s_clip += (std::fabs(ratio - 1.0f) > clip ? 1.0 : 0.0) * mk;
+    s_ent += static_cast<double>(ent) * mk;
+    // d min(s1, s2) / d ratio (MindSpore's Minimum splits ties; clip_by_value passes 0.5 at its bounds)
+    const float cg = clip_grad(ratio, lo, hi);
+    const float dmin = s1 < s2 ? adv[r] : (s1 > s2 ? adv[r] * cg : 0.5f * adv[r] + 0.5f * adv[r] * cg);
+    const float c_lp = -w * dmin * ratio;  // dL/dlog_prob
+    const float c_ent = -ent_coef * w;     // dL/dentropy
+    float* d = dpi.data() + static_cast<int64_t>(r) * hp;
+    if (discrete) {
+      for (int j = 0; j < act_dim; ++j)
+        d[j] = c_lp * ((j == a_disc[r] ? 1.0f : 0.0f) - p[j]) + c_ent * (-p[j] * (ls[j] + ent));
+    } else {
+      const float *a = a_cont.data() + static_cast<int64_t>(r) * act_dim;
+      for (int j = 0; j < act_dim; ++j) {
+        const float z = (a[j] - h[j]) * inv_std[j];
+        d[j] = c_lp * z * inv_std[j];
+        g_log_std[j] += static_cast<double>(c_lp) * (z * z - 1.0f) + c_ent;
+      }
+    }
+    // value loss
+    const float v = vout[static_cast<int64_t>(r) * vp];
+    float vc = v, dvc = 1.0f;
+    if (clip_value) {
+      vc = old_v[r] + clampf(v - old_v[r], -clip_vf, clip_vf);
+      dvc = clip_grad(v - old_v[r], -clip_vf, clip_vf);
+    }
+    const float err = ret[r] - vc;
+    s_val += static_cast<double>(err) * err * mk;
+    dv[static_cast<int64_t>(r) * vp] = vf_coef * w * 2.0f * (vc - ret[r]) * dvc;
+  }
+  const float policy_loss = -static_cast<float>(s_pol / n);
+  const float value_loss = static_cast<float>(s_val / n);
+  const float entropy_loss = -static_cast<float>(s_ent / n);
+  const float approx_kl = static_cast<float>(s_kl / n);
+  const float clip_fraction = static_cast<float>(s_clip / n);
+  const bool kl_ok = approx_kl <= kl_limit;
+  out[0] = policy_loss + ent_coef * entropy_loss + vf_coef * value_loss;
+  out[1] = policy_loss;
+  out[2] = value_loss;
+  out[3] = entropy_loss;
+  out[4] = approx_kl;
+  out[5] = clip_fraction;
+  out[6] = kl_ok ? 1.0f : 0.0f;
+  out[7] = 1.0f;
+  out[8] = 1.0f;
+  *lr_param = lr;
+  if (kl_stop && !kl_ok) return 0;  // SB3's early stop: nothing changes
+
+  std::vector<float> tmp;
+  backward(pi, x.data(), obs_dim, M, act, dpi, tmp);
+  backward(vf, x.data(), obs_dim, M, act, dv, tmp);
+  std::vector<float> gls(act_dim);
+  double sq = 0.0;
+  for (int k = 0; k < nl; ++k) {
+    const Layer &L = k < n_pi ? pi[k] : vf[k - n_pi];
+    for (float g : L.gw) sq += static_cast<double>(g) * g;
+    for (float g : L.gb) sq += static_cast<double>(g) * g;
+  }
+  if (!discrete) {
+    for (int j = 0; j < act_dim; ++j) {
+      gls[j] = static_cast<float>(g_log_std[j]);
+      sq += static_cast<double>(gls[j]) * gls[j];
+    }
+  }
+  const float norm = static_cast<float>(std::sqrt(sq));
+  const float coef = std::min(max_norm / (norm + 1e-6f), 1.0f);
+
+  const float b1p = *beta1_power * beta1, b2p = *beta2_power * beta2;
+  *beta1_power = b1p;
+  *beta2_power = b2p;
+  global_step[0] += 1;
+  const float lr_t = static_cast<float>(lr * std::sqrt(1.0 - b2p) / (1 - b1p));
+  for (int k = 0; k < nl; ++k) {
+    Layer &L = k < n_pi ? pi[k] : vf[k - n_pi];
+    adam(L.w, L.mw, L.vw, L.gw.data(), static_cast<int64_t>(L.out) * L.in, coef, lr_t, beta1, beta2, eps);
+    adam(L.b, L.mb, L.vb, L.gb.data(), L.out, coef, lr_t, beta1, beta2, eps);
+  }
+  if (!discrete) {
+    adam(log_std, static_cast<float *>(params[14]), static_cast<float *>(params[15]), gls.data(), act_dim, coef, lr_t,
+         beta1, beta2, eps);
+  }
+  return 0;
+}

@@ -1,0 +1,156 @@
+"""``PPOUpdateKernel``: the whole PPO minibatch update (forward, loss, backward, grad clip, Adam) as ONE C++ kernel.
+
+``PPOUpdateKernel(model, optimizer, ppo_cfg)`` is a drop-in for
+:class:`scalebox_ms.trainers.ppo_update.PPOUpdateStep` without AMP, data parallelism or micro-batches:
+``kernel(features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit)`` returns the same
+float32 (9,) vector ``[loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction, kl_ok, finite,
+loss_scale]`` (``finite`` and ``loss_scale`` are always 1) and applies the same update: the gradient of PPOLoss
+(the maths of :mod:`scalebox_ms.trainers.ppo_update`, derived by hand in ``ppo_update.cc``), the global-norm clip
+``g * min(1, max_norm / (norm + 1e-6))`` and MindSpore ``nn.Adam``'s step (``P.Adam``'s CPU formula, beta powers,
+``global_step``); with ``ppo_cfg.target_kl`` set, nothing changes when ``approx_kl > kl_limit``. Adam's
+``learning_rate`` Parameter is set to ``learning_rate`` on every call (as PPOUpdateStep does).
+
+State: the model's Parameters (weights, biases, ``log_std``) and the given ``nn.Adam``'s ``moment1``/``moment2``/
+``beta1_power``/``beta2_power``/``global_step``/``learning_rate`` are inputs of the kernel, which writes them IN
+PLACE. On MindSpore 2.10 CPU graph mode an aot kernel receives the Parameters' own memory, so every other
+compiled graph (ActStep, ValueStep, PPOUpdateStep, ``AssignParameters``) and ``Parameter.asnumpy()`` see the new
+values with no extra kernel (tests/test_custom_update.py checks it). This relies on MindSpore not copying
+Parameter inputs of a Custom op, which is not a documented contract: the tests are the guard on a MindSpore
+upgrade.
+
+Supported: CPU, ``layer='dense'`` float32 ActorCritic models, tanh/relu hidden layers, 1..16 layers per MLP,
+Discrete or Box actions; a plain ``nn.Adam`` over exactly the model's trainable Parameters (no weight decay,
+loss scale 1, no nesterov/amsgrad/lazy/offload, no groups, a fixed learning rate Parameter). Anything else raises
+:class:`scalebox_ms.errors.CustomOpError` (one line).
+"""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from ...errors import CustomOpError
+from ..fused import mlp_layers
+from .build import KERNELS, func_spec
+
+KERNEL = "ppo_update"
+KERNELS.setdefault(KERNEL, ("ppo_update.cc", "PPOUpdate"))  # registered here: build.py is shared code
+_ACT_IDS = {"tanh": 0, "relu": 1}
+_MAX_LAYERS = 16  # kMaxLayers in ppo_update.cc
+N_STATS = 9
+
+
+def _fail(msg: str):
+    raise CustomOpError(f"custom op {KERNEL!r}: {msg}")
+
+
+def _describe(model):
+    """(meta int32 list, [LayerInfo] policy, [LayerInfo] value) of a supported ActorCritic."""
+    if getattr(model, "layer", "dense") != "dense":
+        _fail(f"needs layer='dense' models, got layer={model.layer!r}")
+    if getattr(model, "amp_level", "O0") != "O0" or getattr(model, "head_dtype", None) is not None:
+        _fail("computes in float32 and cannot update an AMP-cast model; use PPOUpdateStep")
+    pi, vf = mlp_layers(model.pi_net), mlp_layers(model.vf_net)
+    if not pi or not vf:
+        _fail(f"{type(model).__name__} has no Dense policy and value MLPs")
+    if any(layer.fused for layer in pi + vf):
+        _fail("needs nn.Dense layers, not FusedDense")
+    if len(pi) > _MAX_LAYERS or len(vf) > _MAX_LAYERS:
+        _fail(f"at most {_MAX_LAYERS} layers per MLP, got {len(pi)} and {len(vf)}")
+    hidden = {layer.activation for layer in pi[:-1] + vf[:-1]}
+    if len(hidden) > 1 or not hidden <= set(_ACT_IDS) or pi[-1].activation or vf[-1].activation:
+        _fail(f"needs one hidden activation (tanh or relu) and linear heads, got {sorted(map(str, hidden))}")
+    n_cells = sum(1 for _ in model.pi_net.cells()) + sum(1 for _ in model.vf_net.cells())
+    if n_cells != 2 * (len(pi) + len(vf)) - 2:
+        _fail("the MLPs contain cells other than Dense + Tanh/ReLU")
+    spec = model.spec
+    if pi[0].in_features != spec.obs_dim or vf[0].in_features != spec.obs_dim or \
+            pi[-1].out_features != spec.action_dim or vf[-1].out_features != 1:
+        _fail(f"MLP sizes do not match the spaces (obs {spec.obs_dim}, actions {spec.action_dim})")
+    for layer in pi + vf:
+        for p in (layer.weight, layer.bias):
+            if p.dtype != ms.float32:
+                _fail(f"parameter {p.name} is {p.dtype}, needs float32")
+    act = _ACT_IDS[hidden.pop()] if hidden else 0
+    return [len(pi), len(vf), int(spec.discrete), act, spec.obs_dim, spec.action_dim], pi, vf
+
+
+def _check_optimizer(optimizer, params):
+    if type(optimizer) is not nn.Adam:
+        _fail(f"needs a plain mindspore.nn.Adam, got {type(optimizer).__name__}")
+    bad = [name for name, on in (("use_lazy", optimizer.use_lazy), ("use_offload", optimizer.use_offload),
+                                 ("use_amsgrad", optimizer.use_amsgrad), ("use_nesterov", optimizer.use_nesterov),
+                                 ("weight decay", optimizer.exec_weight_decay), ("parameter groups", optimizer.is_group),
+                                 ("a dynamic learning rate", optimizer.dynamic_lr),
+                                 ("loss_scale != 1", float(optimizer.loss_scale) != 1.0),
+                                 ("grad centralization", any(getattr(optimizer, "gc_flags", ()) or ())))
+           if on]
+    if bad:
+        _fail(f"unsupported nn.Adam options: {', '.join(bad)}")
+    opt_params = list(optimizer._parameters)  # noqa: SLF001 (Adam's own ordering of moment1/moment2)
+    if {id(p) for p in opt_params} != {id(p) for p in params} or len(opt_params) != len(params):
+        _fail("the optimizer must hold exactly the model's trainable parameters")
+    position = {id(p): i for i, p in enumerate(opt_params)}
+    m1 = [optimizer.moment1[position[id(p)]] for p in params]
+    m2 = [optimizer.moment2[position[id(p)]] for p in params]
+    return m1, m2
+
+
+class PPOUpdateKernel(nn.Cell):
+    """One PPO minibatch update as one C++ aot kernel; same call and return as ``PPOUpdateStep``.
+
+    Args:
+        model: a float32 ``layer='dense'`` :class:`~scalebox_ms.models.ActorCritic`.
+        optimizer: the ``nn.Adam`` over ``model.trainable_params()`` whose state the kernel updates in place
+            (e.g. ``PPOUpdateStep(model, cfg).optimizer``, to swap the kernel in for that step).
+        ppo_cfg: :class:`~scalebox_ms.config.PPOConfig` (ent_coef, vf_coef, clip_range_vf is None or not,
+            normalize_advantage, max_grad_norm, target_kl is None or not).
+    """
+
+    def __init__(self, model, optimizer, ppo_cfg):
+        super().__init__(auto_prefix=False)
+        target = ms.get_context("device_target")
+        if target != "CPU":
+            _fail(f"the C++ kernel runs on CPU only, not {target}; use PPOUpdateStep")
+        meta, pi, vf = _describe(model)
+        self.discrete = bool(model.spec.discrete)
+        layer_params = [p for layer in pi + vf for p in (layer.weight, layer.bias)]
+        trainable = list(model.trainable_params())
+        all_params = layer_params + ([] if self.discrete else [model.log_std])
+        if {id(p) for p in trainable} != {id(p) for p in all_params} or len(trainable) != len(all_params):
+            _fail("the model has trainable parameters outside its policy/value MLPs and log_std")
+        m1, m2 = _check_optimizer(optimizer, all_params)
+        n = len(layer_params)
+        meta += [int(ppo_cfg.normalize_advantage), int(ppo_cfg.clip_range_vf is not None),
+                 int(ppo_cfg.target_kl is not None)]
+        meta += [layer.out_features for layer in pi] + [layer.out_features for layer in vf]
+        self.meta = Tensor(np.asarray(meta, np.int32))
+        beta1 = float(optimizer.beta1.asnumpy())
+        beta2 = float(optimizer.beta2.asnumpy())
+        eps = float(optimizer.eps.asnumpy())
+        self.hyper = Tensor(np.asarray([ppo_cfg.ent_coef, ppo_cfg.vf_coef, ppo_cfg.max_grad_norm, beta1, beta2, eps],
+                                       np.float32))
+        self.optimizer = optimizer
+        self.learning_rate = optimizer.learning_rate
+        if not isinstance(self.learning_rate, ms.Parameter) or self.learning_rate.dtype != ms.float32 or \
+                self.learning_rate.shape not in ((), (1,)):
+            _fail("needs nn.Adam with a fixed float learning rate (a float32 scalar Parameter)")
+        if optimizer.global_step.dtype != ms.int32:
+            _fail("nn.Adam.global_step must be int32")
+        if self.discrete:  # placeholders: the kernel never reads or writes them for discrete actions
+            dummy = np.zeros(model.spec.action_dim, np.float32)
+            self.log_std, self.m_log_std, self.v_log_std = Tensor(dummy), Tensor(dummy), Tensor(dummy)
+        else:
+            self.log_std, self.m_log_std, self.v_log_std = model.log_std, m1[n], m2[n]
+        self.params = ms.ParameterTuple(layer_params)
+        self.moment1 = ms.ParameterTuple(m1[:n])
+        self.moment2 = ms.ParameterTuple(m2[:n])
+        self.op = ops.Custom(func_spec(KERNEL), out_shape=lambda *shapes: (N_STATS,),
+                             out_dtype=lambda *dtypes: ms.float32, func_type="aot")
+
+    @ms.jit
+    def construct(self, features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit):
+        opt = self.optimizer
+        return self.op(features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit, self.meta,
+                       self.hyper, self.learning_rate, opt.beta1_power, opt.beta2_power, opt.global_step,
+                       self.log_std, self.m_log_std, self.v_log_std, *self.params, *self.moment1, *self.moment2)

@@ -1,0 +1,204 @@
+"""The C++ PPO update kernel (scalebox_ms.ops.custom.PPOUpdateKernel) vs the reference PPOUpdateStep.
+
+Two models start from identical weights; the reference PPOUpdateStep updates model A, the kernel updates model B
+(through the nn.Adam of a PPOUpdateStep built on B, so both paths share B's optimizer state). After every step
+the statistics, all parameters, Adam's moments, beta powers, global step and learning rate must agree to float
+tolerance, and other compiled graphs (ActStep builtin and custom, ValueStep) must see B's new weights.
+"""
+import os
+from dataclasses import replace
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+
+from scalebox_ms.config import PPOConfig
+from scalebox_ms.errors import CustomOpError
+from scalebox_ms.models import SpaceSpec
+from scalebox_ms.models.actor_critic import ActorCritic, ActStep, ValueStep
+from scalebox_ms.ops.custom import PPOUpdateKernel, build
+from scalebox_ms.sandbox import Sandbox
+from scalebox_ms.trainers.ppo_update import PPOUpdateStep, pack_features
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sandbox(tmp_path_factory):
+    Sandbox(device="auto", seed=0)
+    old = os.environ.get("SCALEBOX_MS_CUSTOM_OPS_CACHE")
+    os.environ["SCALEBOX_MS_CUSTOM_OPS_CACHE"] = str(tmp_path_factory.mktemp("custom_ops"))
+    yield
+    if old is None:
+        os.environ.pop("SCALEBOX_MS_CUSTOM_OPS_CACHE", None)
+    else:
+        os.environ["SCALEBOX_MS_CUSTOM_OPS_CACHE"] = old
+
+
+DISC = SpaceSpec(4, True, 2)
+DISC3 = SpaceSpec(6, True, 3)
+CONT = SpaceSpec(3, False, 2, low=(-1.0, -1.0), high=(1.0, 1.0))
+
+CASES = {
+    # name: (spec, ActorCritic kwargs, PPOConfig overrides)
+    "discrete-tanh-ent": (DISC, {"pi_layers": (64, 64), "vf_layers": (64, 64), "activation": "tanh"},
+                          {"ent_coef": 0.01}),
+    "discrete-relu-vclip-nonorm": (DISC3, {"pi_layers": (20,), "vf_layers": (24, 9), "activation": "relu"},
+                                   {"clip_range_vf": 0.1, "normalize_advantage": False, "max_grad_norm": 100.0}),
+    "continuous-tanh-vclip-ent-kl": (CONT, {"pi_layers": (24, 17), "vf_layers": (32, 32), "activation": "tanh",
+                                            "log_std_init": -0.3},
+                                     {"ent_coef": 0.02, "clip_range_vf": 0.2, "target_kl": 0.05}),
+    "continuous-relu": (CONT, {"pi_layers": (32,), "vf_layers": (32,), "activation": "relu"}, {"vf_coef": 0.7}),
+}
+
+N = 512  # rollout rows
+MB = 96  # minibatch (not a multiple of the kernel's 8-row tiles: partial tiles)
+
+
+def _rollout(model, spec, seed):
+    """(features, actions) Tensors: actions sampled from ``model``, old log-probs/values near the model's own."""
+    rng = np.random.default_rng(seed)
+    obs = (rng.normal(size=(N, spec.obs_dim)) * 1.5).astype(np.float32)
+    noise = rng.gumbel(size=(N, spec.action_dim)) if spec.discrete else rng.normal(size=(N, spec.action_dim))
+    action, log_prob, value = ActStep(model)(Tensor(obs), Tensor(noise.astype(np.float32)))
+    old_lp = log_prob.asnumpy() + rng.normal(size=N) * 0.1
+    old_v = value.asnumpy() + rng.normal(size=N) * 0.2
+    adv = rng.normal(size=N) * 2 + 0.3
+    mask = (rng.random(N) > 0.15).astype(np.float32)
+    features = pack_features(obs, old_lp, old_v, adv, adv + old_v, mask)
+    return Tensor(features), action
+
+
+def _state(step):
+    """{name: array} of everything nn.Adam holds (model params, moments, beta powers, global step, lr)."""
+    return {name: p.asnumpy().copy() for name, p in step.optimizer.parameters_and_names()}
+
+
+def _pair(case):
+    spec, kw, over = CASES[case]
+    cfg = replace(PPOConfig(learning_rate=3e-3), **over)
+    ms.set_seed(11)
+    a, b = ActorCritic(spec, **kw), ActorCritic(spec, **kw)
+    b.load_logical_parameters(a.logical_parameters())
+    ref, step_b = PPOUpdateStep(a, cfg), PPOUpdateStep(b, cfg)
+    kernel = PPOUpdateKernel(b, step_b.optimizer, cfg)
+    return spec, cfg, a, b, ref, step_b, kernel
+
+
+def _assert_state_close(ref, other, what):
+    sa, sb = _state(ref), _state(other)
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        np.testing.assert_allclose(sb[name], sa[name], rtol=2e-4, atol=2e-6, err_msg=f"{what}: {name}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_matches_reference_update(case):
+    spec, cfg, a, b, ref, step_b, kernel = _pair(case)
+    features, actions = _rollout(a, spec, seed=len(case))
+    rng = np.random.default_rng(5)
+    initial = _state(step_b)
+    skip_at = 3 if cfg.target_kl is not None else None
+    applied = 0
+    for i in range(6):
+        idx = Tensor(rng.permutation(N)[:MB].astype(np.int32))
+        lr = 3e-3 * (1.0 - 0.1 * i)  # a schedule: the learning rate is an input
+        kl_limit = -1.0 if i == skip_at else 10.0
+        scalars = [Tensor(np.float32(x)) for x in (lr, 0.2, cfg.clip_range_vf or 0.0, kl_limit)]
+        before = _state(step_b)
+        want = ref(features, actions, idx, *scalars).asnumpy()
+        got = kernel(features, actions, idx, *scalars).asnumpy()
+        assert got.shape == (9,) and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6, err_msg=f"stats at step {i}")
+        assert got[5] > 0.0 or i == 0  # some samples clipped: the clipped branch is exercised
+        _assert_state_close(ref, step_b, f"step {i}")
+        after = _state(step_b)
+        if i == skip_at:  # KL early stop: nothing but Adam's learning-rate Parameter changes
+            assert got[6] == 0.0 and want[6] == 0.0
+            for name in after:
+                if name != "learning_rate":
+                    np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+        else:
+            assert got[6] == 1.0
+            applied += 1
+    final = _state(step_b)
+    assert int(final["global_step"][0]) == applied
+    np.testing.assert_allclose(final["beta1_power"], 0.9 ** applied, rtol=1e-6)
+    moved = [n for n in final if not n.startswith(("moment", "beta", "global", "learning"))
+             and np.abs(final[n] - initial[n]).max() > 1e-4]
+    assert len(moved) == len(list(b.trainable_params()))  # every parameter (incl. log_std) was updated
+
+
+def test_other_graphs_see_kernel_writes():
+    """ActStep (builtin and custom kernel), ValueStep and asnumpy read the weights the kernel wrote in place."""
+    spec, cfg, a, b, ref, step_b, kernel = _pair("discrete-tanh-ent")
+    features, actions = _rollout(a, spec, seed=1)
+    obs = Tensor(np.random.default_rng(2).normal(size=(16, spec.obs_dim)).astype(np.float32))
+    noise = Tensor(np.random.default_rng(3).gumbel(size=(16, spec.action_dim)).astype(np.float32))
+    graphs_a = (ActStep(a, packed=True), ValueStep(a))
+    graphs_b = (ActStep(b, packed=True), ActStep(b, packed=True, kernel="custom"), ValueStep(b))
+    for g in graphs_a + graphs_b:  # compile everything before the first update
+        g(obs, noise) if isinstance(g, ActStep) else g(obs)
+    v0 = graphs_b[2](obs).asnumpy()
+    rng = np.random.default_rng(4)
+    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.0, 10.0)]
+    for _ in range(3):
+        idx = Tensor(rng.permutation(N)[:MB].astype(np.int32))
+        ref(features, actions, idx, *scalars)
+        kernel(features, actions, idx, *scalars)
+    act_a, val_a = graphs_a[0](obs, noise).asnumpy(), graphs_a[1](obs).asnumpy()
+    np.testing.assert_allclose(graphs_b[0](obs, noise).asnumpy(), act_a, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(graphs_b[1](obs, noise).asnumpy(), act_a, rtol=1e-4, atol=3e-5)
+    np.testing.assert_allclose(graphs_b[2](obs).asnumpy(), val_a, rtol=1e-4, atol=2e-5)
+    assert np.abs(graphs_b[2](obs).asnumpy() - v0).max() > 1e-3  # the value head really moved
+    for (name, pa), (_, pb) in zip(a.parameters_and_names(), b.parameters_and_names()):
+        np.testing.assert_allclose(pb.asnumpy(), pa.asnumpy(), rtol=1e-4, atol=2e-6, err_msg=name)
+
+
+def test_interleaved_with_builtin_step_and_external_writes():
+    """The kernel and the builtin PPOUpdateStep share model B's Parameters and Adam state both ways, and the kernel
+    reads values written by other graphs (AssignParameters, i.e. load_logical_parameters)."""
+    spec, cfg, a, b, ref, step_b, kernel = _pair("continuous-tanh-vclip-ent-kl")
+    features, actions = _rollout(a, spec, seed=7)
+    rng = np.random.default_rng(8)
+    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.2, 10.0)]
+    for i in range(6):
+        idx = Tensor(rng.permutation(N)[:MB].astype(np.int32))
+        want = ref(features, actions, idx, *scalars).asnumpy()
+        got = (kernel if i % 2 else step_b)(features, actions, idx, *scalars).asnumpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-6, err_msg=f"step {i}")
+    _assert_state_close(ref, step_b, "interleaved")
+    # overwrite both models' weights from outside (a compiled assign), then one more step each
+    values = [(n, v + 0.01) for n, v in a.logical_parameters()]
+    a.load_logical_parameters(values)
+    b.load_logical_parameters(values)
+    idx = Tensor(rng.permutation(N)[:MB].astype(np.int32))
+    np.testing.assert_allclose(kernel(features, actions, idx, *scalars).asnumpy(),
+                               ref(features, actions, idx, *scalars).asnumpy(), rtol=1e-4, atol=2e-6)
+    _assert_state_close(ref, step_b, "after external write")
+
+
+def test_kernel_uses_build_cache():
+    before = dict(build.stats)
+    spec, cfg, *_ = _pair("discrete-tanh-ent")
+    assert build.stats["cache_hits"] > before["cache_hits"]
+    assert os.path.isfile(build.library_path("ppo_update", build=False))
+
+
+def _cfg():
+    return PPOConfig()
+
+
+@pytest.mark.parametrize("what", ["fused", "amp", "deep", "weight_decay", "other_params", "nesterov"])
+def test_unsupported_raise_custom_op_error(what):
+    from scalebox_ms.amp import AutoMixedPrecision
+
+    kw = {"layer": "fused"} if what == "fused" else {"pi_layers": (4,) * 17} if what == "deep" else {}
+    model = ActorCritic(DISC, **kw)
+    params = model.trainable_params()
+    if what == "amp":
+        AutoMixedPrecision(level="O2").apply(model)
+    opt = {"weight_decay": nn.Adam(params, weight_decay=0.1), "other_params": nn.Adam(params[:-1]),
+           "nesterov": nn.Adam(params, use_nesterov=True)}.get(what) or nn.Adam(params)
+    with pytest.raises(CustomOpError) as err:
+        PPOUpdateKernel(model, opt, _cfg())
+    assert "\n" not in str(err.value) and "ppo_update" in str(err.value)
