@@ -131,6 +131,7 @@ def test_kernel_matches_reference_update(case):
 def test_other_graphs_see_kernel_writes():
     """ActStep (builtin and custom kernel), ValueStep and asnumpy read the weights the kernel wrote in place."""
     spec, cfg, a, b, ref, step_b, kernel = _pair("discrete-tanh-ent")
+    assert kernel.optimizer is step_b.optimizer and kernel.state_parameters() == []  # PPOUpdateStep's trainer API
     features, actions = _rollout(a, spec, seed=1)
     obs = Tensor(np.random.default_rng(2).normal(size=(16, spec.obs_dim)).astype(np.float32))
     noise = Tensor(np.random.default_rng(3).gumbel(size=(16, spec.action_dim)).astype(np.float32))

@@ -148,6 +148,10 @@ class PPOUpdateKernel(nn.Cell):
         self.op = ops.Custom(func_spec(KERNEL), out_shape=lambda *shapes: (N_STATS,),
                              out_dtype=lambda *dtypes: ms.float32, func_type="aot")
 
+    def state_parameters(self):
+        """Parameters besides the model's and Adam's that belong in a checkpoint: none (no AMP loss scaler)."""
+        return []
+
     @ms.jit
     def construct(self, features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit):
         opt = self.optimizer
