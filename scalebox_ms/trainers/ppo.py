@@ -476,7 +476,7 @@ class PPOTrainer:
         times the minibatch steps run. Collectives run inside the compiled update graph, so they cannot be
         clocked there; this probe includes waiting for the slowest rank, as the real ones do."""
         n_params = sum(int(np.prod(prm.shape)) for prm in self.update_step.optimizer.parameters)
-        sizes = [2, 1, n_params, 6] if self.config.ppo.normalize_advantage else [2, n_params, 6]
+        sizes = [2, 1, n_params + 6] if self.config.ppo.normalize_advantage else [2, n_params + 6]
         return stats.get("minibatch_steps", 0) * self.dist.time_collectives(sizes)
 
     def _probe_batch_size(self, tensors, scalars, B: int, timed_steps: int = 6) -> int:

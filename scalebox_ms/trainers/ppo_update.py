@@ -205,15 +205,15 @@ class PPOUpdateStep(nn.Cell):
             else:
                 grads = tuple(x + y for x, y in zip(grads, g))
                 terms = terms + t
-        if self.distributed:  # one flat all-reduce for all gradients, one for the statistics
-            flat = self.all_reduce(ops.concat([x.reshape(-1) for x in grads]))
+        if self.distributed:  # one flat all-reduce for all gradients and the statistics
+            flat = self.all_reduce(ops.concat([x.reshape(-1) for x in grads] + [terms]))
             out, offset = [], 0
             for x in grads:
                 size = x.size
                 out.append(flat[offset:offset + size].reshape(x.shape))
                 offset += size
             grads = tuple(out)
-            terms = self.all_reduce(terms)
+            terms = flat[offset:]
         if self.use_amp:
             inv = 1.0 / scale
             grads = tuple(x * inv for x in grads)
