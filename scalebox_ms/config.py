@@ -82,6 +82,10 @@ class PPOConfig:
     target_kl: Optional[float] = None
     normalize_advantage: bool = True
     adam_eps: float = 1e-5
+    #: minibatch update: 'builtin' (the compiled PPOUpdateStep graph), 'custom' (the C++ kernel of
+    #: scalebox_ms.ops.custom.PPOUpdateKernel: the whole update in one call; CPU, float32, dense layers, one
+    #: process), 'auto' (custom where benchmarks/update_kernel.py measured it faster, else builtin)
+    update_kernel: str = "builtin"
 
 
 @dataclass
@@ -241,6 +245,7 @@ _CHOICES = {
     ("env", "backend"): ("gymnasium", "native"),
     ("policy", "layer"): ("dense", "fused"),
     ("policy", "act_kernel"): ("builtin", "custom", "auto"),
+    ("ppo", "update_kernel"): ("builtin", "custom", "auto"),
     ("amp", "level"): ("O0", "O1", "O2", "O3"),
     ("amp", "dtype"): ("float16", "bfloat16"),
 }

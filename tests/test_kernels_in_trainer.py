@@ -1,0 +1,84 @@
+"""ppo.update_kernel / policy.act_kernel as the trainer resolves them (the kernels themselves: test_custom_*.py)."""
+import numpy as np
+import pytest
+from conftest import small_config
+
+from scalebox_ms.errors import ConfigError
+from scalebox_ms.ops.custom import PPOUpdateKernel
+from scalebox_ms.trainers import PPOTrainer
+from scalebox_ms.trainers.ppo_update import PPOUpdateStep
+
+
+def _params(tr):
+    return {n: p.asnumpy().copy() for n, p in tr._named_state()}
+
+
+def test_update_kernel_trains_like_the_builtin_graph():
+    """One iteration from the same seed: identical rollout, then the C++ update vs the compiled graph."""
+    builtin = PPOTrainer(small_config(ppo={"update_kernel": "builtin"}))
+    custom = PPOTrainer(small_config(ppo={"update_kernel": "custom"}))
+    assert isinstance(builtin.update_step, PPOUpdateStep) and isinstance(custom.update_step, PPOUpdateKernel)
+    before = _params(custom)
+    for tr in (builtin, custom):
+        tr.learn(total_steps=64)  # 4 envs x 16 steps, 2 epochs x 2 minibatches
+    a, b = _params(builtin), _params(custom)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=2e-6, err_msg=name)
+    assert any(not np.array_equal(before[n], b[n]) for n in b)
+    for key in ("loss", "approx_kl", "clip_fraction", "n_updates"):
+        assert custom._last_metrics[key] == pytest.approx(builtin._last_metrics[key], rel=1e-3, abs=1e-6)
+    builtin.close()
+    custom.close()
+
+
+@pytest.mark.parametrize("extra,blocker", [
+    ({"amp": {"level": "O2"}}, "amp.level O2"),
+    ({"parallel": {"gradient_accumulation": 2}}, "gradient accumulation"),
+    ({"policy": {"layer": "fused"}}, "policy.layer fused"),
+])
+def test_update_kernel_refusals_and_auto_fallbacks(extra, blocker):
+    with pytest.raises(ConfigError, match=f"ppo.update_kernel: custom cannot run with {blocker}"):
+        PPOTrainer(small_config(ppo={"update_kernel": "custom"}, **extra))
+    tr = PPOTrainer(small_config(ppo={"update_kernel": "auto"}, **extra))
+    assert isinstance(tr.update_step, PPOUpdateStep)  # auto: the builtin graph where the kernel cannot run
+    tr.close()
+
+
+def test_update_kernel_auto_follows_the_measured_batch_rule():
+    from scalebox_ms.trainers.ppo import AUTO_UPDATE_KERNEL_MAX_BATCH
+
+    ok = PPOTrainer(small_config(ppo={"update_kernel": "auto"}))
+    assert isinstance(ok.update_step, PPOUpdateKernel)
+    n = 2 * AUTO_UPDATE_KERNEL_MAX_BATCH
+    big = PPOTrainer(small_config(env={"num_envs": 4}, ppo={"update_kernel": "auto", "n_steps": n // 2,
+                                                            "batch_size": n}))
+    assert isinstance(big.update_step, PPOUpdateStep)
+    ok.close()
+    big.close()
+
+
+def test_auto_kernels_fall_back_without_a_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    tr = PPOTrainer(small_config(ppo={"update_kernel": "auto"}, policy={"act_kernel": "auto"}))
+    assert isinstance(tr.update_step, PPOUpdateStep) and tr.act_step.kernel == "builtin"
+    tr.learn(total_steps=64)  # and trains
+    tr.close()
+    from scalebox_ms.errors import CustomOpError
+
+    with pytest.raises(CustomOpError, match="not found"):
+        PPOTrainer(small_config(ppo={"update_kernel": "custom"}))
+
+
+def test_kernel_and_builtin_checkpoints_are_interchangeable(tmp_path):
+    custom = PPOTrainer(small_config(ppo={"update_kernel": "custom"}))
+    custom.learn(total_steps=64)
+    path = custom.save(str(tmp_path / "ck"))
+    builtin = PPOTrainer(small_config(ppo={"update_kernel": "builtin"})).load(path)
+    assert builtin.parameters_sha256() == custom.parameters_sha256()
+    a, b = _params(custom), _params(builtin)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    custom.close()
+    builtin.close()
