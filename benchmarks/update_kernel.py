@@ -10,6 +10,12 @@ Before timing, each variant runs 3 steps from identical weights on identical min
 builtin step (stats and all parameters). Variants are timed in interleaved rounds so machine drift hits both
 alike; the table shows the median ms per call and kernel / builtin (< 1: faster).
 
+Second table (``update`` in the JSON): one whole PPO update of a CartPole-like rl-zoo setup, a 256-row rollout,
+20 epochs x 1 minibatch of 256 (n_mb = 20, b = 256), through (a) 20 builtin PPOUpdateStep calls, (b) 20 single
+PPOUpdateKernel calls, (c) ONE ``PPOUpdateKernel.run_epochs`` call with indices (20, 256). Timed like the trainer
+runs it: index Tensors built from numpy per call, the stats copied to numpy once at the end; reported as ms per
+minibatch (update time / 20). Before timing, (c) must equal (b) bit for bit and agree with (a).
+
 Usage:  python benchmarks/update_kernel.py [--calls 200] [--rounds 5] [--out benchmarks/results/update_kernel.json]
 """
 from __future__ import annotations
@@ -71,6 +77,74 @@ def build(model_name: str, batch: int):
     return {"builtin": builtin, "kernel": kernel}, (features, actions, idx, *scalars), dev
 
 
+UPDATE_ROWS, UPDATE_MB = 256, 20  # CartPole rl-zoo: n_steps 32 x 8 envs, batch 256, 20 epochs
+UPDATE_VARIANTS = ("builtin", "kernel", "run_epochs")
+
+
+def build_update(model_name: str):
+    """{variant: fn(perms) -> (n_mb, 9) stats} over three models from identical weights, and the max deviation of
+    run_epochs from the builtin sequence (after checking it equals the single kernel calls exactly)."""
+    import mindspore as ms
+    import numpy as np
+
+    from scalebox_ms.config import PPOConfig
+    from scalebox_ms.models import SpaceSpec
+    from scalebox_ms.models.actor_critic import ActorCritic
+    from scalebox_ms.ops.custom import PPOUpdateKernel
+    from scalebox_ms.trainers.ppo_update import PPOUpdateStep, pack_features
+
+    discrete = model_name == "cartpole-discrete"
+    spec = SpaceSpec(4, True, 2) if discrete else SpaceSpec(3, False, 1, low=(-2.0,), high=(2.0,))
+    cfg = PPOConfig(learning_rate=3e-4)
+    models = [ActorCritic(spec) for _ in range(3)]
+    for m in models[1:]:
+        m.load_logical_parameters(models[0].logical_parameters())
+    builtin = PPOUpdateStep(models[0], cfg)
+    kernel = PPOUpdateKernel(models[1], PPOUpdateStep(models[1], cfg).optimizer, cfg)
+    epochs = PPOUpdateKernel(models[2], PPOUpdateStep(models[2], cfg).optimizer, cfg)
+    rng = np.random.default_rng(7)
+    rows = UPDATE_ROWS
+    actions = rng.integers(0, 2, rows).astype(np.int32) if discrete else rng.normal(size=(rows, 1)).astype(np.float32)
+    old_lp = np.full(rows, -0.69) if discrete else -0.92 - 0.5 * np.asarray(actions)[:, 0] ** 2
+    adv = rng.normal(size=rows)
+    features = ms.Tensor(pack_features(rng.normal(size=(rows, spec.obs_dim)), old_lp + rng.normal(size=rows) * 0.05,
+                                       rng.normal(size=rows), adv, adv, np.ones(rows)))
+    actions = ms.Tensor(actions)
+    scalars = [ms.Tensor(np.float32(x)) for x in (3e-4, 0.2, 0.0, 1e9)]
+
+    def calls(step):
+        def run(perms):
+            outs = [step(features, actions, ms.Tensor(p), *scalars) for p in perms]
+            return np.stack([o.asnumpy() for o in outs])
+        return run
+
+    def one_call(perms):
+        return epochs.run_epochs(features, actions, ms.Tensor(perms), *scalars).asnumpy()[:, :9]
+
+    fns = {"builtin": calls(builtin), "kernel": calls(kernel), "run_epochs": one_call}
+    perms = np.stack([rng.permutation(rows) for _ in range(UPDATE_MB)]).astype(np.int32)
+    got = {v: fn(perms) for v, fn in fns.items()}
+    if not np.array_equal(got["run_epochs"], got["kernel"]) or any(
+            not np.array_equal(pk.asnumpy(), pe.asnumpy())
+            for pk, pe in zip(models[1].get_parameters(), models[2].get_parameters())):
+        raise SystemExit(f"run_epochs differs from 20 single kernel calls ({model_name})")
+    dev = float(np.abs(got["run_epochs"] - got["builtin"]).max())
+    for pa, pe in zip(models[0].get_parameters(), models[2].get_parameters()):
+        dev = max(dev, float(np.abs(pa.asnumpy() - pe.asnumpy()).max()))
+    if dev > 1e-4:
+        raise SystemExit(f"run_epochs disagrees with builtin ({model_name}): max |diff| {dev}")
+    return fns, perms, dev
+
+
+def time_updates(fn, perms, updates: int) -> list:
+    out = []
+    for _ in range(updates):
+        t0 = time.perf_counter()
+        fn(perms)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def time_calls(step, inputs, calls: int) -> list:
     out = []
     for _ in range(calls):
@@ -110,6 +184,28 @@ def main() -> None:
             results.append(row)
             print(f"{model_name:>18} {batch:6d} {med['builtin']:11.3f} {med['kernel']:10.3f} "
                   f"{row['ratio_kernel_vs_builtin']:15.2f}", flush=True)
+    update = []
+    print(f"\nwhole update, {UPDATE_ROWS}-row rollout, {UPDATE_MB} minibatches of {UPDATE_ROWS}: ms per minibatch",
+          flush=True)
+    print(f"{'model':>18} {'builtin':>9} {'kernel':>9} {'run_epochs':>11} {'epochs/kernel':>14}", flush=True)
+    for model_name in MODELS:
+        fns, perms, dev = build_update(model_name)
+        for fn in fns.values():  # warm-up
+            time_updates(fn, perms, 3)
+        samples = {v: [] for v in UPDATE_VARIANTS}
+        for _ in range(args.rounds):
+            for v in UPDATE_VARIANTS:
+                samples[v] += time_updates(fns[v], perms, max(1, args.calls // UPDATE_MB))
+        med = {v: statistics.median(samples[v]) * 1e3 / UPDATE_MB for v in UPDATE_VARIANTS}
+        row = {"model": model_name, "rollout_rows": UPDATE_ROWS, "n_mb": UPDATE_MB, "batch": UPDATE_ROWS,
+               "median_ms_per_minibatch": med,
+               "median_ms_per_update": {v: med[v] * UPDATE_MB for v in UPDATE_VARIANTS},
+               "ratio_run_epochs_vs_kernel": med["run_epochs"] / med["kernel"],
+               "ratio_run_epochs_vs_builtin": med["run_epochs"] / med["builtin"],
+               "max_abs_diff_vs_builtin": dev, "updates": len(samples["builtin"])}
+        update.append(row)
+        print(f"{model_name:>18} {med['builtin']:9.3f} {med['kernel']:9.3f} {med['run_epochs']:11.3f} "
+              f"{row['ratio_run_epochs_vs_kernel']:14.2f}", flush=True)
     import mindspore as ms
 
     atomic_write_json(args.out, {
@@ -117,7 +213,12 @@ def main() -> None:
                    "continuous": "obs 3, pi 64-64-1 diagonal Gaussian (state-independent log_std), vf 64-64-1, tanh"},
         "call": "step(features, actions, indices, lr, clip_range, clip_range_vf, kl_limit).asnumpy(): one PPO "
                 "minibatch update (gather, loss, backward, grad clip 0.5, Adam) from a 4096-row rollout",
-        "results": results, "mindspore": ms.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+        "results": results,
+        "update_call": "one PPO update of 20 minibatches x 256 rows (20 epochs x 1 minibatch, 256-row rollout, "
+                       "CartPole rl-zoo): 20 builtin calls, 20 single kernel calls, or ONE run_epochs call "
+                       "(indices (20, 256)); index Tensors from numpy per call, stats to numpy once at the end; "
+                       "ms per minibatch = update time / 20",
+        "update": update, "mindspore": ms.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine(),
         "threads": args.threads, "date": time.strftime("%Y-%m-%d %H:%M"),
     })
     print(f"wrote {args.out}")

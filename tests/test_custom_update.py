@@ -203,3 +203,139 @@ def test_unsupported_raise_custom_op_error(what):
     with pytest.raises(CustomOpError) as err:
         PPOUpdateKernel(model, opt, _cfg())
     assert "\n" not in str(err.value) and "ppo_update" in str(err.value)
+
+
+# ---- run_epochs: every minibatch of an update in one kernel call ----------------------------------------------------
+
+EPOCHS = 2  # x (N // MB = 5) minibatches per epoch: n_mb = 10 rows, epoch-major
+
+
+def _triple(case, **over):
+    """Three models from identical weights: A (builtin PPOUpdateStep), B (single kernel calls), C (run_epochs)."""
+    spec, kw, base = CASES[case]
+    cfg = replace(PPOConfig(learning_rate=3e-3), **{**base, **over})
+    ms.set_seed(11)
+    models = [ActorCritic(spec, **kw) for _ in range(3)]
+    for m in models[1:]:
+        m.load_logical_parameters(models[0].logical_parameters())
+    steps = [PPOUpdateStep(m, cfg) for m in models]
+    single = PPOUpdateKernel(models[1], steps[1].optimizer, cfg)
+    epochs = PPOUpdateKernel(models[2], steps[2].optimizer, cfg)
+    return spec, cfg, models, steps, single, epochs
+
+
+def _epoch_indices(seed, n_epochs=EPOCHS):
+    """int32 (n_mb, MB): per epoch a permutation cut into N // MB full minibatches (the trainer's order)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n_epochs):
+        perm = rng.permutation(N).astype(np.int32)
+        rows += [perm[s:s + MB] for s in range(0, N - MB + 1, MB)]
+    return np.stack(rows)
+
+
+def _run_sequence(step, features, actions, idx, scalars, stop_on_kl):
+    """n_mb successive single calls; with stop_on_kl, stop after the first row whose kl_ok is 0 (the trainer)."""
+    rows = []
+    for row in idx:
+        out = step(features, actions, Tensor(row), *scalars).asnumpy()
+        rows.append(out)
+        if stop_on_kl and out[6] < 0.5:
+            break
+    return np.stack(rows)
+
+
+def _assert_state_equal(want_step, got_step, what):
+    sa, sb = _state(want_step), _state(got_step)
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        np.testing.assert_array_equal(sb[name], sa[name], err_msg=f"{what}: {name}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_run_epochs_matches_single_calls(case):
+    """One run_epochs call == n_mb single kernel calls (bit-identical: same C++ code) == the builtin sequence."""
+    spec, cfg, (a, b, c), (step_a, step_b, step_c), single, epochs = _triple(case)
+    features, actions = _rollout(a, spec, seed=len(case) + 3)
+    idx = _epoch_indices(seed=len(case))
+    n_mb = len(idx)
+    # kl_limit 10 with target_kl (never stops); -1 without it (kl_ok reports 0, yet every row runs and steps)
+    kl_limit = 10.0 if cfg.target_kl is not None else -1.0
+    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, cfg.clip_range_vf or 0.0, kl_limit)]
+    initial = _state(step_c)
+    got = epochs.run_epochs(features, actions, Tensor(idx), *scalars).asnumpy()
+    assert got.shape == (n_mb, 10) and got.dtype == np.float32
+    np.testing.assert_array_equal(got[:, 9], 1.0)  # every row ran
+    if cfg.target_kl is None:
+        np.testing.assert_array_equal(got[:, 6], 0.0)
+    want_single = _run_sequence(single, features, actions, idx, scalars, stop_on_kl=False)
+    np.testing.assert_array_equal(got[:, :9], want_single)
+    _assert_state_equal(step_b, step_c, "run_epochs vs single kernel calls")
+    want_builtin = _run_sequence(step_a, features, actions, idx, scalars, stop_on_kl=False)
+    np.testing.assert_allclose(got[:, :9], want_builtin, rtol=1e-4, atol=2e-6)
+    _assert_state_close(step_a, step_c, "run_epochs vs builtin")
+    final = _state(step_c)
+    assert int(final["global_step"][0]) == n_mb
+    np.testing.assert_allclose(final["beta1_power"], 0.9 ** n_mb, rtol=1e-6)
+    assert (got[n_mb // 2:, 5] > 0).all()  # the second epoch clips: the policy really moved between rows
+    moved = [n for n in final if not n.startswith(("moment", "beta", "global", "learning"))
+             and np.abs(final[n] - initial[n]).max() > 1e-4]
+    assert len(moved) == len(list(c.trainable_params()))
+
+
+@pytest.mark.parametrize("case", ["discrete-tanh-ent", "continuous-tanh-vclip-ent-kl"])
+def test_run_epochs_target_kl_stops_mid_way(case):
+    """With target_kl: the first row whose approx_kl > kl_limit is reported with its step skipped; later rows
+    have ran = 0 and zero statistics; the state equals the single-call sequence that stops at the same row."""
+    spec, cfg, (a, b, c), (step_a, step_b, step_c), single, epochs = _triple(case, target_kl=0.01)
+    features, actions = _rollout(a, spec, seed=21)
+    idx = _epoch_indices(seed=22, n_epochs=3)
+    n_mb = len(idx)
+    lr = 3e-3
+    # probe on a fourth model (same weights, limit never reached): the approx_kl of every row
+    spec_, kw, _ = CASES[case]
+    ms.set_seed(11)
+    d = ActorCritic(spec_, **kw)
+    d.load_logical_parameters(a.logical_parameters())
+    probe = PPOUpdateKernel(d, PPOUpdateStep(d, cfg).optimizer, cfg)
+    kl = probe.run_epochs(features, actions, Tensor(idx),
+                          *[Tensor(np.float32(x)) for x in (lr, 0.2, cfg.clip_range_vf or 0.0, 1e9)]).asnumpy()[:, 4]
+    # stop row: the first new running maximum of approx_kl from row 2 on, not the last row
+    stop = next((j for j in range(2, n_mb - 1) if kl[j] > kl[:j].max()), None)
+    assert stop is not None, f"approx_kl never rises mid-way: {kl}"
+    kl_limit = 0.5 * (kl[:stop].max() + kl[stop])
+    scalars = [Tensor(np.float32(x)) for x in (lr, 0.2, cfg.clip_range_vf or 0.0, kl_limit)]
+    got = epochs.run_epochs(features, actions, Tensor(idx), *scalars).asnumpy()
+    ran = got[:, 9]
+    np.testing.assert_array_equal(ran[:stop + 1], 1.0)
+    np.testing.assert_array_equal(got[stop + 1:], 0.0)  # later rows: ran 0, statistics 0
+    np.testing.assert_array_equal(got[:stop, 6], 1.0)
+    assert got[stop, 6] == 0.0 and got[stop, 4] > kl_limit
+    want_single = _run_sequence(single, features, actions, idx, scalars, stop_on_kl=True)
+    assert len(want_single) == stop + 1
+    np.testing.assert_array_equal(got[:stop + 1, :9], want_single)
+    _assert_state_equal(step_b, step_c, "run_epochs vs single kernel calls (early stop)")
+    want_builtin = _run_sequence(step_a, features, actions, idx, scalars, stop_on_kl=True)
+    assert len(want_builtin) == stop + 1
+    np.testing.assert_allclose(got[:stop + 1, :9], want_builtin, rtol=1e-4, atol=2e-6)
+    _assert_state_close(step_a, step_c, "run_epochs vs builtin (early stop)")
+    final = _state(step_c)
+    assert int(final["global_step"][0]) == stop  # the stop row's step was skipped
+    np.testing.assert_allclose(final["beta1_power"], 0.9 ** stop, rtol=1e-6)
+
+
+def test_run_epochs_without_target_kl_runs_all_rows_and_single_call_still_works():
+    """No target_kl: a tiny kl_limit stops nothing; the single-minibatch call works on the same kernel after."""
+    spec, cfg, (a, b, c), (step_a, step_b, step_c), single, epochs = _triple("continuous-relu")
+    features, actions = _rollout(a, spec, seed=31)
+    idx = _epoch_indices(seed=32, n_epochs=1)
+    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.0, -1.0)]
+    got = epochs.run_epochs(features, actions, Tensor(idx), *scalars).asnumpy()
+    np.testing.assert_array_equal(got[:, 9], 1.0)
+    assert int(_state(step_c)["global_step"][0]) == len(idx)
+    want = _run_sequence(single, features, actions, idx, scalars, stop_on_kl=False)
+    extra = Tensor(idx[0])
+    np.testing.assert_array_equal(epochs(features, actions, extra, *scalars).asnumpy(),
+                                  single(features, actions, extra, *scalars).asnumpy())
+    np.testing.assert_array_equal(got[:, :9], want)
+    _assert_state_equal(step_b, step_c, "after a single call following run_epochs")

@@ -23,6 +23,13 @@
 //     moment1 of each in the same order, then the moment2 of each
 // Output (params[nparam-1]): float32 (9,) [loss, policy_loss, value_loss, entropy_loss, approx_kl,
 //   clip_fraction, kl_ok, finite (1), loss_scale (1)].
+//
+// PPOUpdateEpochs (second entry point, same inputs): indices int32 (n_mb, M), one minibatch per row in the order
+// they are to run (epoch-major); output float32 (n_mb, 10): per row the 9 statistics above and `ran` (1 if the row
+// ran). The rows run sequentially through the same per-minibatch code as PPOUpdate (bit-identical to n_mb
+// PPOUpdate calls); with kl_stop the first row whose kl_ok is 0 (step skipped, statistics reported) ends the call
+// and the later rows are all 0. Scratch buffers are allocated once per call. Every index is checked before
+// anything is written.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,6 +40,7 @@ namespace {
 
 constexpr int kCols = 16;  // outputs per micro-tile; every activation / gradient buffer is padded to it
 constexpr int kMaxLayers = 16;
+constexpr int N_STATS_OUT = 9;  // statistics per minibatch
 
 inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
@@ -118,6 +126,7 @@ struct Layer {
   std::vector<float> gwt;         // dL/dW transposed (in, outp)
   std::vector<float> gw, gb;      // dL/dW (out, in), dL/db (out,)
   std::vector<float> h;           // layer output after activation (M, outp)
+  std::vector<double> gbd;        // dL/db accumulator (outp,)
 };
 
 void forward(std::vector<Layer> &net, const float *x, int ldx, int M, int act) {
@@ -151,7 +160,8 @@ void backward(std::vector<Layer> &net, const float *x, int ldx, int M, int act, 
     // dW^T (in, outp) = H_in^T (in, M) @ delta (M, outp)
     L.gwt.resize(static_cast<size_t>(L.in) * L.outp);
     gemm(L.in, L.outp, M, in, 1, ldi, delta.data(), L.outp, L.gwt.data(), L.outp, nullptr);
-    std::vector<double> gb(L.outp, 0.0);
+    std::vector<double> &gb = L.gbd;
+    gb.assign(L.outp, 0.0);
     for (int r = 0; r < M; ++r) {
       const float *d = delta.data() + static_cast<int64_t>(r) * L.outp;
       for (int o = 0; o < L.out; ++o) gb[o] += d[o];
@@ -199,54 +209,83 @@ inline void adam(float *w, float *m, float *v, const float *g, int64_t n, float 
   }
 }
 
-}  // namespace
+// Everything one kernel call needs: the inputs, the network (pointers into the Parameters plus padded copies)
+// and scratch buffers that persist across the minibatches of one call (allocated once, sized for M rows).
+struct Ctx {
+  int n_pi = 0, n_vf = 0, nl = 0, discrete = 0, act = 0, obs_dim = 0, act_dim = 0, fw = 0;
+  bool normalize_adv = false, clip_value = false, kl_stop = false;
+  int64_t B = 0;
+  const float *features = nullptr;
+  const void *actions = nullptr;
+  float lr = 0, clip = 0, clip_vf = 0, kl_limit = 0;
+  float ent_coef = 0, vf_coef = 0, max_norm = 0, beta1 = 0, beta2 = 0, eps = 0;
+  float *lr_param = nullptr, *beta1_power = nullptr, *beta2_power = nullptr;
+  int32_t *global_step = nullptr;
+  float *log_std = nullptr, *m_log_std = nullptr, *v_log_std = nullptr;
+  std::vector<Layer> pi, vf;
+  // scratch
+  std::vector<float> x, old_lp, old_v, adv, ret, mask, a_cont, dpi, dv, tmp, inv_std, p, ls, gls;
+  std::vector<int32_t> a_disc;
+  std::vector<double> g_log_std;
+};
 
-extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
-                         void *extra) {
-  (void)stream;
-  (void)extra;
+// Reads and checks every input but the indices and the output; nothing is written. idx_ndim: 1 (one minibatch)
+// or 2 (n_mb minibatches). Returns 0 or an error code.
+int setup(Ctx &c, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int idx_ndim) {
   if (nparam < 17) return 1;
   const int32_t *meta = static_cast<const int32_t *>(params[7]);
-  const int n_pi = meta[0], n_vf = meta[1], discrete = meta[2], act = meta[3], obs_dim = meta[4], act_dim = meta[5];
-  const bool normalize_adv = meta[6] != 0, clip_value = meta[7] != 0, kl_stop = meta[8] != 0;
-  if (n_pi < 1 || n_vf < 1 || n_pi > kMaxLayers || n_vf > kMaxLayers) return 2;
-  const int nl = n_pi + n_vf;
+  c.n_pi = meta[0];
+  c.n_vf = meta[1];
+  c.discrete = meta[2];
+  c.act = meta[3];
+  c.obs_dim = meta[4];
+  c.act_dim = meta[5];
+  c.normalize_adv = meta[6] != 0;
+  c.clip_value = meta[7] != 0;
+  c.kl_stop = meta[8] != 0;
+  if (c.n_pi < 1 || c.n_vf < 1 || c.n_pi > kMaxLayers || c.n_vf > kMaxLayers) return 2;
+  const int n_pi = c.n_pi, nl = c.nl = c.n_pi + c.n_vf, discrete = c.discrete, obs_dim = c.obs_dim,
+            act_dim = c.act_dim;
   if (nparam != 16 + 6 * nl + 1) return 3;
   for (int i = 0; i < nparam; ++i) {
     const bool is_int = i == 2 || i == 7 || i == 12 || (i == 1 && discrete);
     if (std::strcmp(dtypes[i], is_int ? "int32" : "float32") != 0) return 4;
   }
-  const int fw = obs_dim + 5;
-  if (ndims[0] != 2 || shapes[0][1] != fw || ndims[2] != 1) return 5;
-  const int64_t B = shapes[0][0];
-  const int M = static_cast<int>(shapes[2][0]);
+  const int fw = c.fw = obs_dim + 5;
+  if (ndims[0] != 2 || shapes[0][1] != fw || ndims[2] != idx_ndim) return 5;
+  const int64_t B = c.B = shapes[0][0];
   if (discrete ? (ndims[1] != 1 || shapes[1][0] != B) : (ndims[1] != 2 || shapes[1][0] != B || shapes[1][1] != act_dim))
     return 5;
-  if (ndims[nparam - 1] != 1 || shapes[nparam - 1][0] != 9) return 5;
   if (!discrete && (ndims[13] != 1 || shapes[13][0] != act_dim)) return 5;
 
-  const float *features = static_cast<const float *>(params[0]);
-  const int32_t *idx = static_cast<const int32_t *>(params[2]);
-  const float lr = *static_cast<const float *>(params[3]);
-  const float clip = *static_cast<const float *>(params[4]);
-  const float clip_vf = *static_cast<const float *>(params[5]);
-  const float kl_limit = *static_cast<const float *>(params[6]);
+  c.features = static_cast<const float *>(params[0]);
+  c.actions = params[1];
+  c.lr = *static_cast<const float *>(params[3]);
+  c.clip = *static_cast<const float *>(params[4]);
+  c.clip_vf = *static_cast<const float *>(params[5]);
+  c.kl_limit = *static_cast<const float *>(params[6]);
   const float *hyper = static_cast<const float *>(params[8]);
-  const float ent_coef = hyper[0], vf_coef = hyper[1], max_norm = hyper[2], beta1 = hyper[3], beta2 = hyper[4],
-              eps = hyper[5];
-  float *lr_param = static_cast<float *>(params[9]);
-  float *beta1_power = static_cast<float *>(params[10]);
-  float *beta2_power = static_cast<float *>(params[11]);
-  int32_t *global_step = static_cast<int32_t *>(params[12]);
-  float *log_std = static_cast<float *>(params[13]);
-  float *out = static_cast<float *>(params[nparam - 1]);
+  c.ent_coef = hyper[0];
+  c.vf_coef = hyper[1];
+  c.max_norm = hyper[2];
+  c.beta1 = hyper[3];
+  c.beta2 = hyper[4];
+  c.eps = hyper[5];
+  c.lr_param = static_cast<float *>(params[9]);
+  c.beta1_power = static_cast<float *>(params[10]);
+  c.beta2_power = static_cast<float *>(params[11]);
+  c.global_step = static_cast<int32_t *>(params[12]);
+  c.log_std = static_cast<float *>(params[13]);
+  c.m_log_std = static_cast<float *>(params[14]);
+  c.v_log_std = static_cast<float *>(params[15]);
 
-  std::vector<Layer> pi(n_pi), vf(n_vf);
+  c.pi.assign(n_pi, Layer());
+  c.vf.assign(c.n_vf, Layer());
   for (int k = 0; k < nl; ++k) {
-    Layer &L = k < n_pi ? pi[k] : vf[k - n_pi];
+    Layer &L = k < n_pi ? c.pi[k] : c.vf[k - n_pi];
     const int pw = 16 + 2 * k, pb = pw + 1;
     const bool first = (k == 0 || k == n_pi);
-    L.in = first ? obs_dim : (k < n_pi ? pi[k - 1].out : vf[k - n_pi - 1].out);
+    L.in = first ? obs_dim : (k < n_pi ? c.pi[k - 1].out : c.vf[k - n_pi - 1].out);
     L.out = meta[9 + k];
     if (ndims[pw] != 2 || ndims[pb] != 1 || shapes[pw][0] != L.out || shapes[pw][1] != L.in || shapes[pb][0] != L.out)
       return 6;
@@ -258,9 +297,30 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
     L.mb = static_cast<float *>(params[pb + 2 * nl]);
     L.vw = static_cast<float *>(params[pw + 4 * nl]);
     L.vb = static_cast<float *>(params[pb + 4 * nl]);
-    L.wt.assign(static_cast<size_t>(L.in) * L.outp, 0.0f);
+    L.wt.assign(static_cast<size_t>(L.in) * L.outp, 0.0f);  // the padding stays zero; load_weights fills the rest
     L.wp.assign(static_cast<size_t>(L.out) * L.inp, 0.0f);
     L.bias.assign(L.outp, 0.0f);
+  }
+  if (c.pi.back().out != act_dim || c.vf.back().out != 1) return 7;
+  return 0;
+}
+
+// Checks that every index is a row of the rollout (and its discrete action is valid) before anything is written.
+int check_indices(const Ctx &c, const int32_t *idx, int64_t n) {
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t row = idx[r];
+    if (row < 0 || row >= c.B) return 8;
+    if (c.discrete) {
+      const int32_t a = static_cast<const int32_t *>(c.actions)[row];
+      if (a < 0 || a >= c.act_dim) return 9;
+    }
+  }
+  return 0;
+}
+
+// The padded copies the GEMMs read, from the Parameters' current values.
+void load_weights(std::vector<Layer> &net) {
+  for (Layer &L : net) {
     for (int o = 0; o < L.out; ++o) {
       L.bias[o] = L.b[o];
       for (int i = 0; i < L.in; ++i) {
@@ -270,16 +330,34 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
       }
     }
   }
-  if (pi.back().out != act_dim || vf.back().out != 1) return 7;
+}
+
+// One minibatch update (rows idx[0 .. M-1], already checked); writes the 9 statistics to out. noinline: both entry
+// points run the very same code, so their results are bit-identical.
+__attribute__((noinline)) void step(Ctx &c, const int32_t *idx, int M, float *out) {
+  const int n_pi = c.n_pi, nl = c.nl, discrete = c.discrete, act = c.act, obs_dim = c.obs_dim, act_dim = c.act_dim,
+            fw = c.fw;
+  const float clip = c.clip, clip_vf = c.clip_vf, ent_coef = c.ent_coef, vf_coef = c.vf_coef;
+  const float *log_std = c.log_std;
+  std::vector<Layer> &pi = c.pi, &vf = c.vf;
+  load_weights(pi);
+  load_weights(vf);
 
   // gather the minibatch
-  std::vector<float> x(static_cast<size_t>(M) * obs_dim), old_lp(M), old_v(M), adv(M), ret(M), mask(M);
-  std::vector<int32_t> a_disc(discrete ? M : 0);
-  std::vector<float> a_cont(discrete ? 0 : static_cast<size_t>(M) * act_dim);
+  std::vector<float> &x = c.x, &old_lp = c.old_lp, &old_v = c.old_v, &adv = c.adv, &ret = c.ret, &mask = c.mask;
+  x.resize(static_cast<size_t>(M) * obs_dim);
+  old_lp.resize(M);
+  old_v.resize(M);
+  adv.resize(M);
+  ret.resize(M);
+  mask.resize(M);
+  std::vector<int32_t> &a_disc = c.a_disc;
+  std::vector<float> &a_cont = c.a_cont;
+  a_disc.resize(discrete ? M : 0);
+  a_cont.resize(discrete ? 0 : static_cast<size_t>(M) * act_dim);
   for (int r = 0; r < M; ++r) {
     const int64_t row = idx[r];
-    if (row < 0 || row >= B) return 8;
-    const float *f = features + row * fw;
+    const float *f = c.features + row * fw;
     std::memcpy(x.data() + static_cast<int64_t>(r) * obs_dim, f, sizeof(float) * obs_dim);
     old_lp[r] = f[obs_dim];
     old_v[r] = f[obs_dim + 1];
@@ -287,18 +365,16 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
     ret[r] = f[obs_dim + 3];
     mask[r] = f[obs_dim + 4];
     if (discrete) {
-      const int32_t a = static_cast<const int32_t *>(params[1])[row];
-      if (a < 0 || a >= act_dim) return 9;
-      a_disc[r] = a;
+      a_disc[r] = static_cast<const int32_t *>(c.actions)[row];
     } else {
-      std::memcpy(a_cont.data() + static_cast<int64_t>(r) * act_dim, static_cast<const float *>(params[1]) + row * act_dim,
-                  sizeof(float) * act_dim);
+      std::memcpy(a_cont.data() + static_cast<int64_t>(r) * act_dim,
+                  static_cast<const float *>(c.actions) + row * act_dim, sizeof(float) * act_dim);
     }
   }
   double msum = 0.0;
   for (int r = 0; r < M; ++r) msum += mask[r];
   const float n = std::max(static_cast<float>(msum), 1.0f);
-  if (normalize_adv) {
+  if (c.normalize_adv) {
     double s = 0.0;
     for (int r = 0; r < M; ++r) s += static_cast<double>(adv[r]) * mask[r];
     const float mean = static_cast<float>(s / n);
@@ -316,7 +392,8 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
   const int vp = vf.back().outp;
 
   static const float kHalfLog2Pi = 0.918938533204672741780329736406f;
-  std::vector<float> inv_std(act_dim, 1.0f);
+  std::vector<float> &inv_std = c.inv_std;
+  inv_std.assign(act_dim, 1.0f);
   float gauss_ent = 0.0f;
   if (!discrete) {
     for (int j = 0; j < act_dim; ++j) {
@@ -325,9 +402,14 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
     }
   }
   const float lo = 1.0f - clip, hi = 1.0f + clip;
-  std::vector<float> dpi(static_cast<size_t>(M) * hp, 0.0f), dv(static_cast<size_t>(M) * vp, 0.0f);
-  std::vector<double> g_log_std(act_dim, 0.0);
-  std::vector<float> p(act_dim), ls(act_dim);
+  std::vector<float> &dpi = c.dpi, &dv = c.dv;
+  dpi.assign(static_cast<size_t>(M) * hp, 0.0f);
+  dv.assign(static_cast<size_t>(M) * vp, 0.0f);
+  std::vector<double> &g_log_std = c.g_log_std;
+  g_log_std.assign(act_dim, 0.0);
+  std::vector<float> &p = c.p, &ls = c.ls;
+  p.resize(act_dim);
+  ls.resize(act_dim);
   double s_pol = 0.0, s_val = 0.0, s_ent = 0.0, s_kl = 0.0, s_clip = 0.0;
   for (int r = 0; r < M; ++r) {
     const float *h = head + static_cast<int64_t>(r) * hp;
@@ -382,7 +464,7 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
     // value loss
     const float v = vout[static_cast<int64_t>(r) * vp];
     float vc = v, dvc = 1.0f;
-    if (clip_value) {
+    if (c.clip_value) {
       vc = old_v[r] + clampf(v - old_v[r], -clip_vf, clip_vf);
       dvc = clip_grad(v - old_v[r], -clip_vf, clip_vf);
     }
@@ -395,7 +477,7 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
   const float entropy_loss = -static_cast<float>(s_ent / n);
   const float approx_kl = static_cast<float>(s_kl / n);
   const float clip_fraction = static_cast<float>(s_clip / n);
-  const bool kl_ok = approx_kl <= kl_limit;
+  const bool kl_ok = approx_kl <= c.kl_limit;
   out[0] = policy_loss + ent_coef * entropy_loss + vf_coef * value_loss;
   out[1] = policy_loss;
   out[2] = value_loss;
@@ -405,13 +487,13 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
   out[6] = kl_ok ? 1.0f : 0.0f;
   out[7] = 1.0f;
   out[8] = 1.0f;
-  *lr_param = lr;
-  if (kl_stop && !kl_ok) return 0;  // SB3's early stop: nothing changes
+  *c.lr_param = c.lr;
+  if (c.kl_stop && !kl_ok) return;  // SB3's early stop: nothing changes
 
-  std::vector<float> tmp;
-  backward(pi, x.data(), obs_dim, M, act, dpi, tmp);
-  backward(vf, x.data(), obs_dim, M, act, dv, tmp);
-  std::vector<float> gls(act_dim);
+  backward(pi, x.data(), obs_dim, M, act, dpi, c.tmp);
+  backward(vf, x.data(), obs_dim, M, act, dv, c.tmp);
+  std::vector<float> &gls = c.gls;
+  gls.resize(act_dim);
   double sq = 0.0;
   for (int k = 0; k < nl; ++k) {
     const Layer &L = k < n_pi ? pi[k] : vf[k - n_pi];
@@ -425,21 +507,60 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
     }
   }
   const float norm = static_cast<float>(std::sqrt(sq));
-  const float coef = std::min(max_norm / (norm + 1e-6f), 1.0f);
+  const float coef = std::min(c.max_norm / (norm + 1e-6f), 1.0f);
 
-  const float b1p = *beta1_power * beta1, b2p = *beta2_power * beta2;
-  *beta1_power = b1p;
-  *beta2_power = b2p;
-  global_step[0] += 1;
+  const float beta1 = c.beta1, beta2 = c.beta2, eps = c.eps, lr = c.lr;
+  const float b1p = *c.beta1_power * beta1, b2p = *c.beta2_power * beta2;
+  *c.beta1_power = b1p;
+  *c.beta2_power = b2p;
+  c.global_step[0] += 1;
   const float lr_t = static_cast<float>(lr * std::sqrt(1.0 - b2p) / (1 - b1p));
   for (int k = 0; k < nl; ++k) {
     Layer &L = k < n_pi ? pi[k] : vf[k - n_pi];
     adam(L.w, L.mw, L.vw, L.gw.data(), static_cast<int64_t>(L.out) * L.in, coef, lr_t, beta1, beta2, eps);
     adam(L.b, L.mb, L.vb, L.gb.data(), L.out, coef, lr_t, beta1, beta2, eps);
   }
-  if (!discrete) {
-    adam(log_std, static_cast<float *>(params[14]), static_cast<float *>(params[15]), gls.data(), act_dim, coef, lr_t,
-         beta1, beta2, eps);
+  if (!discrete) adam(c.log_std, c.m_log_std, c.v_log_std, gls.data(), act_dim, coef, lr_t, beta1, beta2, eps);
+}
+
+}  // namespace
+
+// One minibatch: indices int32 (M,), output float32 (9,).
+extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                         void *extra) {
+  (void)stream;
+  (void)extra;
+  Ctx c;
+  if (const int err = setup(c, nparam, params, ndims, shapes, dtypes, 1)) return err;
+  if (ndims[nparam - 1] != 1 || shapes[nparam - 1][0] != N_STATS_OUT) return 5;
+  const int32_t *idx = static_cast<const int32_t *>(params[2]);
+  const int M = static_cast<int>(shapes[2][0]);
+  if (const int err = check_indices(c, idx, M)) return err;
+  step(c, idx, M, static_cast<float *>(params[nparam - 1]));
+  return 0;
+}
+
+// All minibatches of an update: indices int32 (n_mb, M) (row i: the i-th minibatch, epoch-major), output float32
+// (n_mb, 10): the 9 statistics of PPOUpdate and `ran`. The rows run in order, exactly as n_mb PPOUpdate calls;
+// with kl_stop, the first row whose kl_ok is 0 (its step skipped) is the last one run: later rows are all 0.
+extern "C" int PPOUpdateEpochs(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                               void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  Ctx c;
+  if (const int err = setup(c, nparam, params, ndims, shapes, dtypes, 2)) return err;
+  const int64_t n_mb = shapes[2][0];
+  const int M = static_cast<int>(shapes[2][1]);
+  if (ndims[nparam - 1] != 2 || shapes[nparam - 1][0] != n_mb || shapes[nparam - 1][1] != N_STATS_OUT + 1) return 5;
+  const int32_t *idx = static_cast<const int32_t *>(params[2]);
+  if (const int err = check_indices(c, idx, n_mb * M)) return err;
+  float *out = static_cast<float *>(params[nparam - 1]);
+  std::fill(out, out + n_mb * (N_STATS_OUT + 1), 0.0f);
+  for (int64_t i = 0; i < n_mb; ++i) {
+    float *row = out + i * (N_STATS_OUT + 1);
+    step(c, idx + i * M, M, row);
+    row[N_STATS_OUT] = 1.0f;
+    if (c.kl_stop && row[6] == 0.0f) break;
   }
   return 0;
 }
