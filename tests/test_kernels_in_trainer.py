@@ -82,3 +82,31 @@ def test_kernel_and_builtin_checkpoints_are_interchangeable(tmp_path):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     custom.close()
     builtin.close()
+
+
+@pytest.mark.parametrize("target_kl", [None, 1e-4])
+def test_one_call_update_equals_the_minibatch_loop_with_early_stop(target_kl):
+    """The kernel runs all epochs x minibatches in one call; with a target_kl that stops mid-update the trainer
+    must end in the state (parameters, counters, RNG stream) of the builtin per-minibatch loop."""
+    cfg = dict(ppo={"target_kl": target_kl, "n_epochs": 4, "batch_size": 16})
+    builtin = PPOTrainer(small_config(**{**cfg, "ppo": {**cfg["ppo"], "update_kernel": "builtin"}}))
+    custom = PPOTrainer(small_config(**{**cfg, "ppo": {**cfg["ppo"], "update_kernel": "custom"}}))
+    calls = []
+    real = custom._run_epochs_in_one_call
+    custom._run_epochs_in_one_call = lambda *a: calls.append(1) or real(*a)
+    for tr in (builtin, custom):
+        tr.learn(total_steps=64)  # one iteration: 4 epochs x 4 minibatches
+    assert len(calls) == 1
+    mb, mc = builtin._last_metrics, custom._last_metrics
+    assert mc["minibatch_steps"] == mb["minibatch_steps"] and mc["early_stopped"] == mb["early_stopped"]
+    assert mc["n_updates"] == mb["n_updates"]
+    if target_kl is not None:
+        assert mb["early_stopped"] == 1 and 1 <= mb["minibatch_steps"] < 16, mb  # the case this test is about
+    else:
+        assert mb["minibatch_steps"] == 16
+    assert custom.rng.bit_generator.state == builtin.rng.bit_generator.state
+    a, b = _params(builtin), _params(custom)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=2e-6, err_msg=name)
+    builtin.close()
+    custom.close()

@@ -447,6 +447,8 @@ class PPOTrainer:
         outputs: List = []
         early_stop = p.target_kl is not None
         stopped = False
+        if hasattr(self.update_step, "run_epochs") and B % b == 0:
+            return self._run_epochs_in_one_call(tensors, scalars, B, b)
         for _epoch in range(p.n_epochs):
             perm = self.rng.permutation(B).astype(np.int32)
             for start in range(0, B, b):
@@ -459,6 +461,28 @@ class PPOTrainer:
                         break
             if stopped:
                 break
+        return self._epoch_stats(outputs, stopped)
+
+    def _run_epochs_in_one_call(self, tensors, scalars, B: int, b: int) -> dict:
+        """The C++ update kernel: all epochs x minibatches in one call (same permutations, same maths, same RNG
+        consumption as the per-minibatch loop, also when target_kl stops the update early)."""
+        import mindspore as ms
+
+        p = self.config.ppo
+        nb = B // b
+        state = self.rng.bit_generator.state
+        perms = np.stack([self.rng.permutation(B).astype(np.int32) for _ in range(p.n_epochs)])
+        out = self.update_step.run_epochs(*tensors, ms.Tensor(perms.reshape(-1, b)), *scalars).asnumpy()
+        ran = out[:, 9] > 0.5
+        rows = int(ran.sum())
+        stopped = p.target_kl is not None and rows > 0 and out[rows - 1, 6] < 0.5
+        if rows < len(out):  # stopped early: draw only the permutations the loop would have drawn
+            self.rng.bit_generator.state = state
+            for _ in range((rows - 1) // nb + 1):
+                self.rng.permutation(B)
+        return self._epoch_stats(list(out[:rows, :9]), stopped)
+
+    def _epoch_stats(self, outputs, stopped: bool) -> dict:
         from .ppo_update import STAT_NAMES
 
         stats = np.stack([o if isinstance(o, np.ndarray) else o.asnumpy() for o in outputs]) if outputs else np.zeros((0, 9))
