@@ -35,6 +35,9 @@ def test_cli_run_writes_every_artefact(tmp_path):
         assert on_disk[key] is not None, key
     assert on_disk["global_step"] == 2048 and on_disk["status"] == "completed"
     assert summary["param_sha256"] == on_disk["param_sha256"]
+    # the preset's kernels (auto on CPU): 16 acting calls + 1 bootstrap value + 1 call for the whole update
+    assert on_disk["update_kernel"] == "PPOUpdateKernel" and on_disk["act_kernel"] == "custom"
+    assert on_disk["graph_calls_per_iteration"] == 16 + 1 + 1
     assert on_disk["eval_episodes"] == 3 and on_disk["peak_rss_mb"] < 1024
     rows = metrics_rows(run_dir)
     assert len(rows) == 2048 // 64

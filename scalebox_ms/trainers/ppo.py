@@ -6,9 +6,11 @@ Python->graph calls per iteration (gymnasium path, ``n_steps`` = T, ``n_epochs``
 * T acting calls (:class:`~scalebox_ms.models.ActStep`: action, log-prob and value for all N envs at once),
 * 1 bootstrap value call (:class:`~scalebox_ms.models.ValueStep`),
 * E * B/b update calls (:class:`~scalebox_ms.trainers.ppo_update.PPOUpdateStep`: loss + grads + Adam),
-  fewer when ``target_kl`` stops the update early.
+  fewer when ``target_kl`` stops the update early -- or ONE call with ``ppo.update_kernel`` custom/auto where the
+  C++ :class:`~scalebox_ms.ops.custom.PPOUpdateKernel` runs (``run_epochs``: all epochs and minibatches).
 
-CartPole with rl-zoo3's settings (T=32, E=20, B=b=256): 32 + 1 + 20 = 53 calls per 256 env steps. With
+CartPole with rl-zoo3's settings (T=32, E=20, B=b=256): 32 + 1 + 20 = 53 calls per 256 env steps with the
+compiled update graph, 32 + 1 + 1 = 34 with the update kernel (the preset's ``auto`` on CPU). With
 ``env.backend: native`` and ``env.compiled_rollout`` the T acting calls, the env steps and the bootstrap value
 become one call (:mod:`.native_rollout`): 1 + 20 = 21 calls. Everything
 random (sampling noise, minibatch permutations) is drawn from one numpy ``PCG64`` Generator seeded from

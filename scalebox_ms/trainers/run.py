@@ -374,7 +374,10 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         "batch_size": trainer.batch_size,
         "graph_calls_per_iteration": None if trainer.batch_size is None else
         (1 if trainer._compiled_rollout else cfg.ppo.n_steps + 1)
-        + cfg.ppo.n_epochs * (cfg.ppo.n_steps * cfg.env.num_envs // trainer.batch_size),
+        + (1 if hasattr(trainer.update_step, "run_epochs")
+           else cfg.ppo.n_epochs * (cfg.ppo.n_steps * cfg.env.num_envs // trainer.batch_size)),
+        "update_kernel": type(trainer.update_step).__name__,
+        "act_kernel": getattr(trainer.act_step, "kernel", "builtin"),
     }
     if trainer.auto_batch is not None:
         summary["auto_batch"] = trainer.auto_batch
