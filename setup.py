@@ -7,7 +7,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=find_packages(include=["scalebox_ms", "scalebox_ms.*"]),
-    package_data={"scalebox_ms": ["configs/*.yaml", "ops/custom/*.cc"]},
+    package_data={"scalebox_ms": ["configs/*.yaml", "ops/custom/*.cc", "ops/custom/*.h"]},
     python_requires=">=3.9,<3.12",
     install_requires=[
         "mindspore==2.10.0",

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import platform
@@ -76,6 +77,9 @@ def library_path(name: str, build: bool = True) -> str:
             source = f.read()
     except OSError as exc:
         raise CustomOpError(f"custom op {name!r}: kernel source {src} is missing ({exc.strerror})") from None
+    for header in sorted(glob.glob(os.path.join(HERE, "*.h"))):  # shared helpers (simd.h) are part of the key
+        with open(header, "rb") as f:
+            source += b"\0" + f.read()
     cmd = compiler_command()
     key = hashlib.sha256(b"\0".join([source, " ".join(cmd).encode(), " ".join(CXX_FLAGS).encode(),
                                      _cpu_identity().encode()])).hexdigest()[:20]

@@ -42,49 +42,7 @@ constexpr int kCols = 16;  // outputs per micro-tile; every activation / gradien
 constexpr int kMaxLayers = 16;
 constexpr int N_STATS_OUT = 9;  // statistics per minibatch
 
-inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
-
-#if defined(__AVX512F__)
-constexpr int kVec = 16;
-#elif defined(__AVX__)
-constexpr int kVec = 8;
-#else
-constexpr int kVec = 4;
-#endif
-constexpr int kNV = kCols / kVec;
-constexpr int kRows = kNV == 1 ? 8 : 4;
-typedef float vf __attribute__((vector_size(kVec * sizeof(float))));
-
-#define SBX_INLINE inline __attribute__((always_inline))
-
-SBX_INLINE vf loadv(const float *p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-SBX_INLINE void storev(float *p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-
-// tanh as Eigen's [13/6] rational approximation (see fused_actor_mlp.cc).
-SBX_INLINE vf tanhv(vf x) {
-  const float c = 7.90531110763549805f;
-  vf xc = x < -c ? -c : x;
-  xc = xc > c ? c : xc;
-  const vf x2 = xc * xc;
-  vf p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-  p = p * x2 + -8.60467152213735e-11f;
-  p = p * x2 + 5.12229709037114e-08f;
-  p = p * x2 + 1.48572235717979e-05f;
-  p = p * x2 + 6.37261928875436e-04f;
-  p = p * x2 + 4.89352455891786e-03f;
-  p = p * xc;
-  vf q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-  q = q * x2 + 2.26843463243900e-03f;
-  q = q * x2 + 4.89352518554385e-03f;
-  const vf r = p / q;
-  const vf ax = x < 0.0f ? -x : x;
-  return ax < 0.0004f ? x : r;
-}
+#include "simd.h"  // round_up, vf, loadv/storev, tanhv (SIMD width from -march)
 
 // C[r, :N] = (bias | 0) + sum_k A(r, k) * B[k, :N] for ROWS rows; A(r, k) = A[r * sar + k * sak]; N % kCols == 0.
 template <int ROWS>
