@@ -27,6 +27,7 @@ import statistics
 import time
 
 from scalebox_ms.fileio import atomic_write_json
+from acting_kernels import time_calls  # same timing loop (benchmarks/ is the script directory)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = (64, 256, 1024)
@@ -141,15 +142,6 @@ def time_updates(fn, perms, updates: int) -> list:
     for _ in range(updates):
         t0 = time.perf_counter()
         fn(perms)
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def time_calls(step, inputs, calls: int) -> list:
-    out = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        step(*inputs).asnumpy()
         out.append(time.perf_counter() - t0)
     return out
 

@@ -33,3 +33,15 @@ def run_module(module, *args, cwd=None, timeout=300):
 @pytest.fixture
 def small_cfg():
     return small_config()
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(tmp_path_factory):
+    """A fresh C++ kernel cache directory for one test module (the first test there compiles, ~1-2 s)."""
+    old = os.environ.get("SCALEBOX_MS_CUSTOM_OPS_CACHE")
+    os.environ["SCALEBOX_MS_CUSTOM_OPS_CACHE"] = str(tmp_path_factory.mktemp("custom_ops"))
+    yield os.environ["SCALEBOX_MS_CUSTOM_OPS_CACHE"]
+    if old is None:
+        os.environ.pop("SCALEBOX_MS_CUSTOM_OPS_CACHE", None)
+    else:
+        os.environ["SCALEBOX_MS_CUSTOM_OPS_CACHE"] = old

@@ -23,16 +23,9 @@ from scalebox_ms.sandbox import Sandbox
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _sandbox(tmp_path_factory):
-    """CPU sandbox, and a fresh kernel cache for this module (the first test compiles, ~1 s)."""
+def _sandbox(kernel_cache):
+    """CPU sandbox, and a fresh kernel cache for this module (conftest.kernel_cache)."""
     Sandbox(device="auto", seed=0)
-    old = os.environ.get("SCALEBOX_MS_CUSTOM_OPS_CACHE")
-    os.environ["SCALEBOX_MS_CUSTOM_OPS_CACHE"] = str(tmp_path_factory.mktemp("custom_ops"))
-    yield
-    if old is None:
-        os.environ.pop("SCALEBOX_MS_CUSTOM_OPS_CACHE", None)
-    else:
-        os.environ["SCALEBOX_MS_CUSTOM_OPS_CACHE"] = old
 
 
 CASES = {
