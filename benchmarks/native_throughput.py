@@ -3,7 +3,8 @@
 Each configuration trains a few PPO iterations (rollout T x N, GAE, 4 epochs x 4 minibatches) and reports the
 median steps/s of the iterations after the first (which compiles). Rows: gymnasium path (numpy CartPole,
 one acting call per step), native env stepped per call, native env with the compiled rollout (one call per
-rollout), and Stable-Baselines3 PPO with the same settings on its DummyVecEnv when the [bench] extra is
+rollout), the same with the C++ update kernel (``ppo.update_kernel: custom``: all epochs in one call, so an
+iteration is 2 calls), and Stable-Baselines3 PPO with the same settings on its DummyVecEnv when the [bench] extra is
 installed (each SB3 configuration in a subprocess, so torch never shares the process with MindSpore).
 Measured in one run; the machine is shared, so compare within the run.
 
@@ -21,14 +22,16 @@ from scalebox_ms.fileio import atomic_write_json  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(backend: str, compiled: bool, num_envs: int, n_steps: int, iterations: int) -> dict:
+def run(backend: str, compiled: bool, num_envs: int, n_steps: int, iterations: int,
+        update_kernel: str = "builtin") -> dict:
     from scalebox_ms.config import Config
     from scalebox_ms.trainers import Callback, PPOTrainer
 
     batch = num_envs * n_steps // 4
     cfg = Config.from_dict({
         "env": {"id": "CartPole-v1", "num_envs": num_envs, "backend": backend, "compiled_rollout": compiled},
-        "ppo": {"n_steps": n_steps, "batch_size": batch, "n_epochs": 4, "learning_rate": 3e-4},
+        "ppo": {"n_steps": n_steps, "batch_size": batch, "n_epochs": 4, "learning_rate": 3e-4,
+                "update_kernel": update_kernel},
         "run": {"total_steps": 10**9, "progress": False},
     })
     rows = []
@@ -41,7 +44,8 @@ def run(backend: str, compiled: bool, num_envs: int, n_steps: int, iterations: i
     trainer.learn(until=iterations * n_steps * num_envs, callbacks=[Keep()])
     trainer.close()
     later = rows[1:]
-    return {"backend": backend, "compiled_rollout": compiled, "num_envs": num_envs, "n_steps": n_steps,
+    return {"backend": backend, "compiled_rollout": compiled, "update_kernel": update_kernel,
+            "num_envs": num_envs, "n_steps": n_steps,
             "batch_size": batch, "steps_per_s": statistics.median(r["steps_per_second"] for r in later),
             "rollout_share": statistics.median(r["rollout_time_s"] / (r["rollout_time_s"] + r["update_time_s"])
                                                for r in later)}
@@ -88,10 +92,12 @@ def main() -> None:
     results = []
     for n in (8, 256, 1024, 4096):
         t = 32 if n <= 256 else 16
-        for backend, compiled in (("gymnasium", False), ("native", False), ("native", True)):
-            r = run(backend, compiled, n, t, args.iterations)
+        for backend, compiled, kernel in (("gymnasium", False, "builtin"), ("native", False, "builtin"),
+                                          ("native", True, "builtin"), ("native", True, "custom")):
+            r = run(backend, compiled, n, t, args.iterations, kernel)
             results.append(r)
             print(f"N={n:5d} T={t:3d} {backend:9s} {'compiled' if compiled else 'per-step':9s} "
+                  f"{'update kernel' if kernel == 'custom' else 'update graph':13s} "
                   f"{r['steps_per_s']:10,.0f} steps/s  (rollout {100 * r['rollout_share']:.0f}% of the time)", flush=True)
         sb3 = run_sb3(n, t, args.iterations)
         if sb3 is not None:
