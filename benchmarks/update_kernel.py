@@ -3,8 +3,12 @@
 One call = one minibatch step: gather, forward, PPO loss, backward, grad-norm clip, Adam (PPOUpdateStep launches
 ~220 MindSpore kernels; PPOUpdateKernel one). Timed from the Python call to the numpy copy of the (9,) stats
 vector. Models: CartPole's default actor-critic (obs 4, pi 64-64-2, vf 64-64-1, tanh) and a continuous one
-(obs 3, pi 64-64-1 Gaussian, vf 64-64-1, tanh); rollout of 4096 rows, minibatches of 64 / 256 / 1024 gathered
-by random indices, default PPOConfig (max_grad_norm 0.5, no value clipping, no target_kl).
+(obs 3, pi 64-64-1 Gaussian, vf 64-64-1, tanh); rollout of max(4096, batch) rows, minibatches of 64 / 256 / 1024 /
+4096 / 16384 gathered by random indices, default PPOConfig (max_grad_norm 0.5, no value clipping, no target_kl).
+Variants: ``builtin``, ``kernel`` (default threads: SCALEBOX_MS_KERNEL_THREADS or the hardware threads capped at
+8; minibatches of >= 2048 rows are split into 512-row blocks shared out to the threads) and ``kernel_t1`` (the
+same kernel with SCALEBOX_MS_KERNEL_THREADS=1 set around each call). Large batches get fewer timed calls
+(calls * 1024 / batch, at least 20).
 
 Before timing, each variant runs 3 steps from identical weights on identical minibatches and must agree with the
 builtin step (stats and all parameters). Variants are timed in interleaved rounds so machine drift hits both
@@ -30,10 +34,11 @@ from scalebox_ms.fileio import atomic_write_json
 from acting_kernels import time_calls  # same timing loop (benchmarks/ is the script directory)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BATCHES = (64, 256, 1024)
-ROWS = 4096
+BATCHES = (64, 256, 1024, 4096, 16384)
+ROWS = 4096  # rollout rows (at least the batch)
+THREADS_ENV = "SCALEBOX_MS_KERNEL_THREADS"
 MODELS = ("cartpole-discrete", "continuous")
-VARIANTS = ("builtin", "kernel")
+VARIANTS = ("builtin", "kernel", "kernel_t1")
 
 
 def build(model_name: str, batch: int):
@@ -55,18 +60,19 @@ def build(model_name: str, batch: int):
     builtin = PPOUpdateStep(a, cfg)
     kernel = PPOUpdateKernel(b, PPOUpdateStep(b, cfg).optimizer, cfg)
     rng = np.random.default_rng(batch)
-    obs = rng.normal(size=(ROWS, spec.obs_dim))
-    actions = rng.integers(0, 2, ROWS).astype(np.int32) if discrete else \
-        rng.normal(size=(ROWS, 1)).astype(np.float32)
-    old_lp = np.full(ROWS, -0.69) if discrete else -0.92 - 0.5 * np.asarray(actions)[:, 0] ** 2
-    adv = rng.normal(size=ROWS)
-    features = ms.Tensor(pack_features(obs, old_lp + rng.normal(size=ROWS) * 0.05, rng.normal(size=ROWS), adv,
-                                       adv, np.ones(ROWS)))
+    rows = max(ROWS, batch)
+    obs = rng.normal(size=(rows, spec.obs_dim))
+    actions = rng.integers(0, 2, rows).astype(np.int32) if discrete else \
+        rng.normal(size=(rows, 1)).astype(np.float32)
+    old_lp = np.full(rows, -0.69) if discrete else -0.92 - 0.5 * np.asarray(actions)[:, 0] ** 2
+    adv = rng.normal(size=rows)
+    features = ms.Tensor(pack_features(obs, old_lp + rng.normal(size=rows) * 0.05, rng.normal(size=rows), adv,
+                                       adv, np.ones(rows)))
     actions = ms.Tensor(actions)
     scalars = [ms.Tensor(np.float32(x)) for x in (3e-4, 0.2, 0.0, 1e9)]
     dev = 0.0
     for _ in range(3):
-        idx = ms.Tensor(rng.permutation(ROWS)[:batch].astype(np.int32))
+        idx = ms.Tensor(rng.permutation(rows)[:batch].astype(np.int32))
         want = builtin(features, actions, idx, *scalars).asnumpy()
         got = kernel(features, actions, idx, *scalars).asnumpy()
         dev = max(dev, float(np.abs(got - want).max()))
@@ -74,8 +80,20 @@ def build(model_name: str, batch: int):
         dev = max(dev, float(np.abs(pa.asnumpy() - pb.asnumpy()).max()))
     if dev > 1e-4:
         raise SystemExit(f"kernel disagrees with builtin ({model_name}, batch {batch}): max |diff| {dev}")
-    idx = ms.Tensor(rng.permutation(ROWS)[:batch].astype(np.int32))
-    return {"builtin": builtin, "kernel": kernel}, (features, actions, idx, *scalars), dev
+    idx = ms.Tensor(rng.permutation(rows)[:batch].astype(np.int32))
+
+    def kernel_t1(*inputs):
+        old = os.environ.get(THREADS_ENV)
+        os.environ[THREADS_ENV] = "1"
+        try:
+            return kernel(*inputs)
+        finally:
+            if old is None:
+                del os.environ[THREADS_ENV]
+            else:
+                os.environ[THREADS_ENV] = old
+
+    return {"builtin": builtin, "kernel": kernel, "kernel_t1": kernel_t1}, (features, actions, idx, *scalars), dev
 
 
 UPDATE_ROWS, UPDATE_MB = 256, 20  # CartPole rl-zoo: n_steps 32 x 8 envs, batch 256, 20 epochs
@@ -157,25 +175,32 @@ def main() -> None:
     from scalebox_ms.sandbox import Sandbox
 
     Sandbox(device="cpu", seed=0, threads=args.threads)
+    from scalebox_ms.ops.custom.update import kernel_threads
+
     results = []
-    print(f"{'model':>18} {'batch':>6} {'builtin ms':>11} {'kernel ms':>10} {'kernel/builtin':>15}", flush=True)
+    print(f"{'model':>18} {'batch':>6} {'builtin ms':>11} {'kernel ms':>10} {'T':>3} {'kernel T=1 ms':>14} "
+          f"{'kernel/builtin':>15} {'T=1/kernel':>11}", flush=True)
     for model_name in MODELS:
         for batch in BATCHES:
             steps, inputs, dev = build(model_name, batch)
+            calls = min(args.calls, max(20, args.calls * 1024 // batch))
             for step in steps.values():  # warm-up
-                time_calls(step, inputs, 20)
+                time_calls(step, inputs, min(20, calls))
             samples = {v: [] for v in VARIANTS}
             for _ in range(args.rounds):
                 for v in VARIANTS:
-                    samples[v] += time_calls(steps[v], inputs, args.calls)
+                    samples[v] += time_calls(steps[v], inputs, calls)
             med = {v: statistics.median(samples[v]) * 1e3 for v in VARIANTS}
             row = {"model": model_name, "batch": batch, "median_ms": med,
                    "ratio_kernel_vs_builtin": med["kernel"] / med["builtin"],
                    "p90_ms": {v: sorted(samples[v])[int(0.9 * len(samples[v]))] * 1e3 for v in VARIANTS},
                    "max_abs_diff_vs_builtin": dev, "calls": len(samples["builtin"])}
+            row["kernel_threads"], row["kernel_blocks"] = kernel_threads(batch)
+            row["speedup_threads"] = med["kernel_t1"] / med["kernel"]
             results.append(row)
             print(f"{model_name:>18} {batch:6d} {med['builtin']:11.3f} {med['kernel']:10.3f} "
-                  f"{row['ratio_kernel_vs_builtin']:15.2f}", flush=True)
+                  f"{row['kernel_threads']:3d} {med['kernel_t1']:14.3f} {row['ratio_kernel_vs_builtin']:15.2f} "
+                  f"{row['speedup_threads']:11.2f}", flush=True)
     update = []
     print(f"\nwhole update, {UPDATE_ROWS}-row rollout, {UPDATE_MB} minibatches of {UPDATE_ROWS}: ms per minibatch",
           flush=True)
@@ -204,7 +229,9 @@ def main() -> None:
         "models": {"cartpole-discrete": "obs 4, pi 64-64-2 Categorical, vf 64-64-1, tanh",
                    "continuous": "obs 3, pi 64-64-1 diagonal Gaussian (state-independent log_std), vf 64-64-1, tanh"},
         "call": "step(features, actions, indices, lr, clip_range, clip_range_vf, kl_limit).asnumpy(): one PPO "
-                "minibatch update (gather, loss, backward, grad clip 0.5, Adam) from a 4096-row rollout",
+                "minibatch update (gather, loss, backward, grad clip 0.5, Adam) from a max(4096, batch)-row rollout; "
+                "kernel: default threads (kernel_threads/kernel_blocks per row), kernel_t1: "
+                "SCALEBOX_MS_KERNEL_THREADS=1",
         "results": results,
         "update_call": "one PPO update of 20 minibatches x 256 rows (20 epochs x 1 minibatch, 256-row rollout, "
                        "CartPole rl-zoo): 20 builtin calls, 20 single kernel calls, or ONE run_epochs call "

@@ -48,8 +48,9 @@ N = 512  # rollout rows
 MB = 96  # minibatch (not a multiple of the kernel's 8-row tiles: partial tiles)
 
 
-def _rollout(model, spec, seed):
+def _rollout(model, spec, seed, n=N):
     """(features, actions) Tensors: actions sampled from ``model``, old log-probs/values near the model's own."""
+    N = n  # noqa: N806 (the rollout size)
     rng = np.random.default_rng(seed)
     obs = (rng.normal(size=(N, spec.obs_dim)) * 1.5).astype(np.float32)
     noise = rng.gumbel(size=(N, spec.action_dim)) if spec.discrete else rng.normal(size=(N, spec.action_dim))
@@ -333,3 +334,66 @@ def test_run_epochs_without_target_kl_runs_all_rows_and_single_call_still_works(
                                   single(features, actions, extra, *scalars).asnumpy())
     np.testing.assert_array_equal(got[:, :9], want)
     _assert_state_equal(step_b, step_c, "after a single call following run_epochs")
+
+
+# ---- large minibatches: row blocks on SCALEBOX_MS_KERNEL_THREADS threads --------------------------------------------
+
+THREADS_ENV = "SCALEBOX_MS_KERNEL_THREADS"
+N_LARGE, MB_LARGE = 4096, 3000  # 3000 rows: 6 blocks of 500 (not the 512 maximum: uneven split)
+
+
+def test_kernel_threads_and_blocks(monkeypatch):
+    """The env var is read per call; no split below 2048 rows; blocks of <= 512 rows; never more threads than
+    blocks; an invalid value falls back to the hardware default."""
+    from scalebox_ms.ops.custom.update import kernel_threads
+
+    monkeypatch.setenv(THREADS_ENV, "2")
+    assert kernel_threads(96) == (1, 1) and kernel_threads(256) == (1, 1) and kernel_threads(2047) == (1, 1)
+    assert kernel_threads(2048) == (2, 4) and kernel_threads(MB_LARGE) == (2, 6) and kernel_threads(16384) == (2, 32)
+    monkeypatch.setenv(THREADS_ENV, "1")
+    assert kernel_threads(MB_LARGE) == (1, 6)
+    monkeypatch.setenv(THREADS_ENV, "16")
+    assert kernel_threads(2048) == (4, 4) and kernel_threads(16384) == (16, 32)
+    hw = min(os.cpu_count() or 1, 8)
+    for bad in ("0", "-3", "two", ""):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        assert kernel_threads(16384) == (hw, 32), bad
+    monkeypatch.delenv(THREADS_ENV)
+    assert kernel_threads(16384) == (hw, 32)
+
+
+@pytest.mark.parametrize("case", ["discrete-tanh-ent", "continuous-tanh-vclip-ent-kl"])
+def test_large_minibatch_threads(case, monkeypatch):
+    """3000-row minibatches: the kernel with 2 threads equals itself with 1 thread and a second 2-thread run bit
+    for bit (single calls and run_epochs), and agrees with the builtin PPOUpdateStep."""
+    from scalebox_ms.ops.custom.update import kernel_threads
+
+    spec, kw, over = CASES[case]
+    cfg = replace(PPOConfig(learning_rate=3e-3), **over)
+    ms.set_seed(11)
+    models = [ActorCritic(spec, **kw) for _ in range(5)]
+    for m in models[1:]:
+        m.load_logical_parameters(models[0].logical_parameters())
+    steps = [PPOUpdateStep(m, cfg) for m in models]
+    kernels = [None] + [PPOUpdateKernel(m, s.optimizer, cfg) for m, s in zip(models[1:], steps[1:])]
+    features, actions = _rollout(models[0], spec, seed=41, n=N_LARGE)
+    rng = np.random.default_rng(42)
+    idx = np.stack([rng.permutation(N_LARGE)[:MB_LARGE] for _ in range(3)]).astype(np.int32)
+    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, cfg.clip_range_vf or 0.0, 10.0)]
+    monkeypatch.setenv(THREADS_ENV, "2")
+    assert kernel_threads(MB_LARGE) == (2, 6)  # the split path really runs, on 2 threads
+    want = _run_sequence(steps[0], features, actions, idx, scalars, stop_on_kl=False)
+    got = {}
+    for i, threads in ((1, "1"), (2, "2"), (3, "2")):  # models 1..3: single calls with 1, 2, 2 threads
+        monkeypatch.setenv(THREADS_ENV, threads)
+        got[i] = _run_sequence(kernels[i], features, actions, idx, scalars, stop_on_kl=False)
+    got[4] = kernels[4].run_epochs(features, actions, Tensor(idx), *scalars).asnumpy()  # 2 threads
+    np.testing.assert_array_equal(got[4][:, 9], 1.0)
+    for i in (2, 3):
+        np.testing.assert_array_equal(got[i], got[1], err_msg=f"model {i} vs 1 thread")
+        _assert_state_equal(steps[1], steps[i], f"model {i} vs 1 thread")
+    np.testing.assert_array_equal(got[4][:, :9], got[1])
+    _assert_state_equal(steps[1], steps[4], "run_epochs (2 threads) vs single calls (1 thread)")
+    np.testing.assert_allclose(got[2], want, rtol=1e-4, atol=2e-6)
+    _assert_state_close(steps[0], steps[2], "2 threads vs builtin")
+    assert int(_state(steps[2])["global_step"][0]) == len(idx) and (got[2][1:, 5] > 0).all()

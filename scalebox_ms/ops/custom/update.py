@@ -26,6 +26,14 @@ calls (same code, bit-identical results); it returns float32 ``(n_mb, 10)``: per
 statistics reported, as a single call would) is the last one: later rows get ``ran = 0`` and statistics 0. This
 saves the per-call launch overhead (~0.15-0.2 ms) of every minibatch but the first.
 
+Threads: a minibatch of 2048 rows or more is split into ``ceil(rows / 512)`` contiguous blocks of rows (forward,
+loss terms and backward per block, partial sums and gradients combined in the fixed block order) that run on
+``T`` threads: ``$SCALEBOX_MS_KERNEL_THREADS`` if set to an integer >= 1, else the hardware threads capped at 8,
+read on every call. Results are deterministic and identical for every ``T`` (the block split, not the thread
+count, sets the float summation order; against one pass over all rows it differs by ~1e-7 relative per step).
+Smaller minibatches (e.g. CartPole's 256) run the original single-thread code, no thread started.
+:func:`kernel_threads` tells what a minibatch size would use.
+
 Supported: CPU, ``layer='dense'`` float32 ActorCritic models, tanh/relu hidden layers, 1..16 layers per MLP,
 Discrete or Box actions; a plain ``nn.Adam`` over exactly the model's trainable Parameters (no weight decay,
 loss scale 1, no nesterov/amsgrad/lazy/offload, no groups, a fixed learning rate Parameter). Anything else raises
@@ -47,6 +55,15 @@ _ACT_IDS = {"tanh": 0, "relu": 1}
 _MAX_LAYERS = 16  # kMaxLayers in ppo_update.cc
 N_STATS = 9
 EPOCHS_SYMBOL = "PPOUpdateEpochs"  # second entry point of ppo_update.cc: all minibatches of an update in one call
+
+
+def kernel_threads(rows: int) -> tuple:
+    """(threads, blocks) the kernel uses for a minibatch of ``rows`` rows under the current environment
+    (``SCALEBOX_MS_KERNEL_THREADS``); (1, 1) below 2048 rows. Compiles the kernel if it is not cached."""
+    import ctypes
+
+    lib = ctypes.CDLL(library_path(KERNEL))
+    return int(lib.PPOUpdateThreads(ctypes.c_int(rows))), int(lib.PPOUpdateBlocks(ctypes.c_int(rows)))
 
 
 def _fail(msg: str):
