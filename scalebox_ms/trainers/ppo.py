@@ -730,9 +730,9 @@ class PPOTrainer:
 
 
 # benchmarks/update_kernel.py (2-core CPU, CartPole and a 3-64-64-1 Gaussian model): the C++ update kernel took
-# 0.21-0.39x the builtin step's time at minibatch 64-1024; larger minibatches were not measured (the kernel is
-# single-threaded, MindSpore's matmuls are not), so 'auto' keeps the builtin step above 1024.
-AUTO_UPDATE_KERNEL_MAX_BATCH = 1024
+# 0.2-0.4x the builtin step's time at minibatch 64-16384 (rows >= 2048 split over threads in 512-row blocks);
+# larger minibatches were not measured, so 'auto' keeps the builtin step above 16384.
+AUTO_UPDATE_KERNEL_MAX_BATCH = 16384
 
 
 def _update_kernel(config, model, step, amp, world_size: int, device: str):
