@@ -114,6 +114,9 @@ def test_native_backend_trains_resumes_and_evaluates_on_gymnasium(tmp_path):
     resumed = run_module("train", "--resume", tmp_path / "half", "--no-progress")
     assert resumed.returncode == 0, resumed.stderr[-1500:]
     assert json.loads(resumed.stdout)["param_sha256"] == json.loads(full.stdout)["param_sha256"]
+    # the preset's update_kernel: auto -> compiled rollout + the C++ update: 2 calls per iteration
+    summary = json.loads(full.stdout)
+    assert summary["update_kernel"] == "PPOUpdateKernel" and summary["graph_calls_per_iteration"] == 2
     ev = run_module("evaluate", "--run", tmp_path / "full", "--episodes", 3, "--json")  # gymnasium's env
     assert ev.returncode == 0 and json.loads(ev.stdout)["episodes"] == 3
 
