@@ -54,3 +54,14 @@ def test_cartpole_two_workers_learn_with_identical_ranks(tmp_path):
     summary = json.loads(r.stdout)
     assert summary["world_size"] == 2 and len(set(summary["param_sha256_per_rank"])) == 1
     assert summary["eval_mean_return"] >= 475
+
+
+@pytest.mark.slow
+def test_native_cartpole_solves_on_gymnasiums_env():
+    """Native env + compiled rollout + update kernel (2 calls per iteration), evaluated on gymnasium's CartPole."""
+    assert train_and_eval("ppo_cartpole_native.yaml", seed=0) >= 475
+
+
+@pytest.mark.slow
+def test_native_pendulum_reaches_minus_300_on_gymnasiums_env():
+    assert train_and_eval("ppo_pendulum_native.yaml", seed=0) >= -300
