@@ -50,6 +50,13 @@ def current_rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _usable_cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _available(target: str) -> bool:
     import mindspore as ms
 
@@ -108,6 +115,9 @@ class Sandbox:
             ms.set_context(device_target=target)
             if threads > 0 and target == "CPU":
                 ms.device_context.cpu.op_tuning.threads_num(int(threads))
+            # threads of the C++ update kernel (scalebox_ms.ops.custom) unless the user set them: this sandbox's
+            # thread count, else the CPUs this process may run on (affinity / container limits, not all cores)
+            os.environ.setdefault("SCALEBOX_MS_KERNEL_THREADS", str(int(threads) if threads > 0 else _usable_cpus()))
             if deterministic:
                 ms.set_context(deterministic="ON")
             if target != "CPU":

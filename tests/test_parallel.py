@@ -325,3 +325,17 @@ def test_each_rank_gets_its_own_device_id():
     assert local_rank({"RANK_ID": "3"}) == 3
     assert local_rank({"RANK_ID": "5", "LOCAL_RANK": "1"}) == 1
     assert local_rank({}) == 0
+    assert local_rank({"RANK_ID": "9", "DEVICE_ID": "1"}) == 1  # msrun's local rank on a multi-node job
+    assert local_rank({"LOCAL_RANK": "x", "RANK_ID": "2"}) == 2  # garbage is skipped, not a crash
+
+
+def test_rank_id_outside_msrun_does_not_skip_the_run_dir_check(tmp_path, monkeypatch):
+    """RANK_ID is often exported by Ascend setup scripts; outside msrun it must not let a run write into an
+    existing run directory."""
+    from scalebox_ms.trainers.run import train_run
+
+    monkeypatch.setenv("RANK_ID", "1")
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        train_run(small_config(), run_dir=str(tmp_path), progress=False, log=lambda s: None)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]

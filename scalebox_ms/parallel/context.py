@@ -32,10 +32,14 @@ def serve_as_scheduler() -> None:
 
 
 def local_rank(environ=None) -> int:
-    """This worker's rank on its node (msrun exports RANK_ID; LOCAL_RANK where a launcher sets it). Single node:
-    the global rank."""
+    """This worker's rank on its node: LOCAL_RANK where a launcher sets it, else msrun's DEVICE_ID (its local
+    rank), else RANK_ID (the global rank, = the local one on a single node), else 0."""
     environ = os.environ if environ is None else environ
-    return int(environ.get("LOCAL_RANK", environ.get("RANK_ID", "0")) or 0)
+    for key in ("LOCAL_RANK", "DEVICE_ID", "RANK_ID"):
+        value = environ.get(key)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 0
 
 
 def msrun_world_size() -> int:

@@ -115,7 +115,10 @@ class PPOTrainer:
         if W > 1 and config.parallel.workers == 1:  # started by the user's own msrun line without --workers
             data = config.to_dict()
             data["parallel"]["workers"] = W
-            self.config = config = Config.from_dict(data)  # re-validated for W ranks
+            try:
+                self.config = config = Config.from_dict(data)  # re-validated for W ranks
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (under msrun with {W} ranks detected)") from None
             e, p = config.env, config.ppo
         if W > 1 and e.num_envs % W:
             raise ConfigError(f"env.num_envs: ({e.num_envs}) must be divisible by the {W} msrun workers")
@@ -730,7 +733,7 @@ class PPOTrainer:
 
 
 # benchmarks/update_kernel.py (2-core CPU, CartPole and a 3-64-64-1 Gaussian model): the C++ update kernel took
-# 0.2-0.4x the builtin step's time at minibatch 64-16384 (rows >= 2048 split over threads in 512-row blocks);
+# 0.2-0.42x the builtin step's time at minibatch 64-16384 (rows >= 2048 split over threads in 512-row blocks);
 # larger minibatches were not measured, so 'auto' keeps the builtin step above 16384.
 AUTO_UPDATE_KERNEL_MAX_BATCH = 16384
 

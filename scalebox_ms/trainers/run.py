@@ -263,6 +263,15 @@ def _follow(trainer, until: Optional[int]):
     return None
 
 
+def _update_calls(trainer, cfg: Config) -> int:
+    """Update calls per iteration (without a target_kl stop), as PPOTrainer._run_epochs makes them."""
+    rollout = cfg.ppo.n_steps * trainer.num_envs
+    b = trainer.batch_size // trainer.world_size
+    if hasattr(trainer.update_step, "run_epochs") and rollout % b == 0:
+        return 1
+    return cfg.ppo.n_epochs * math.ceil(rollout / b)
+
+
 def default_run_dir(cfg: Config) -> str:
     return os.path.join("runs", f"{cfg.env.id}_seed{cfg.run.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -303,7 +312,8 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         cfg = cfg if cfg is not None else Config()
         run_dir = run_dir or default_run_dir(cfg)
         launcher_made = {"msrun"} if distributed else set()  # msrun's log dir, made by the launcher
-        first_rank = os.environ.get("RANK_ID", "0") == "0"  # under msrun rank 0 checks; the others may see its files
+        # under msrun rank 0 checks (the others may already see its files); outside msrun RANK_ID means nothing
+        first_rank = not distributed or os.environ.get("RANK_ID", "0") == "0"
         if first_rank and os.path.exists(run_dir) and (not os.path.isdir(run_dir)
                                                        or set(os.listdir(run_dir)) - launcher_made):
             raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
@@ -374,8 +384,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         "batch_size": trainer.batch_size,
         "graph_calls_per_iteration": None if trainer.batch_size is None else
         (1 if trainer._compiled_rollout else cfg.ppo.n_steps + 1)
-        + (1 if hasattr(trainer.update_step, "run_epochs")
-           else cfg.ppo.n_epochs * (cfg.ppo.n_steps * cfg.env.num_envs // trainer.batch_size)),
+        + _update_calls(trainer, cfg),
         "update_kernel": type(trainer.update_step).__name__,
         "act_kernel": getattr(trainer.act_step, "kernel", "builtin"),
     }

@@ -46,6 +46,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
+#include <new>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -576,17 +579,30 @@ __attribute__((noinline)) void step(Ctx &c, const int32_t *idx, int M, float *ou
     };
     std::vector<std::thread> threads;
     std::vector<int> inline_runs;  // threads that could not be started: their blocks run here, same results
+    std::atomic<bool> worker_failed{false};  // an exception must not escape a std::thread (std::terminate)
     threads.reserve(T - 1);
     for (int t = 1; t < T; ++t) {
       try {
-        threads.emplace_back(run_blocks, t);
+        threads.emplace_back([&run_blocks, &worker_failed, t] {
+          try {
+            run_blocks(t);
+          } catch (...) {
+            worker_failed = true;
+          }
+        });
       } catch (...) {
         inline_runs.push_back(t);
       }
     }
-    run_blocks(0);
-    for (int t : inline_runs) run_blocks(t);
+    try {
+      run_blocks(0);
+      for (int t : inline_runs) run_blocks(t);
+    } catch (...) {
+      for (std::thread &th : threads) th.join();
+      throw;
+    }
     for (std::thread &th : threads) th.join();
+    if (worker_failed) throw std::bad_alloc();
     const BlockAcc &a0 = c.blocks[0];
     s_pol = a0.s_pol, s_val = a0.s_val, s_ent = a0.s_ent, s_kl = a0.s_kl, s_clip = a0.s_clip;
     for (int b = 1; b < NB; ++b) {
@@ -674,11 +690,32 @@ __attribute__((noinline)) void step(Ctx &c, const int32_t *idx, int M, float *ou
 
 }  // namespace
 
+// Error codes returned to MindSpore (it raises "... return value ... is N"): 1-9 bad inputs (see setup /
+// check_indices; 8, 9: an index or action out of range, nothing written), 10: out of memory, 11: another C++
+// exception. No exception leaves the kernel: one would call std::terminate and kill the process.
+template <class F>
+static int guarded(F body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc &) {
+    return 10;
+  } catch (...) {
+    return 11;
+  }
+}
+
+static int update_one(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
+static int update_epochs(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes);
+
 // One minibatch: indices int32 (M,), output float32 (9,).
 extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
                          void *extra) {
   (void)stream;
   (void)extra;
+  return guarded([&] { return update_one(nparam, params, ndims, shapes, dtypes); });
+}
+
+static int update_one(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   Ctx c;
   if (const int err = setup(c, nparam, params, ndims, shapes, dtypes, 1)) return err;
   if (ndims[nparam - 1] != 1 || shapes[nparam - 1][0] != N_STATS_OUT) return 5;
@@ -696,6 +733,10 @@ extern "C" int PPOUpdateEpochs(int nparam, void **params, int *ndims, int64_t **
                                void *stream, void *extra) {
   (void)stream;
   (void)extra;
+  return guarded([&] { return update_epochs(nparam, params, ndims, shapes, dtypes); });
+}
+
+static int update_epochs(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   Ctx c;
   if (const int err = setup(c, nparam, params, ndims, shapes, dtypes, 2)) return err;
   const int64_t n_mb = shapes[2][0];

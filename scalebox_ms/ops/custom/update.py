@@ -38,6 +38,10 @@ Supported: CPU, ``layer='dense'`` float32 ActorCritic models, tanh/relu hidden l
 Discrete or Box actions; a plain ``nn.Adam`` over exactly the model's trainable Parameters (no weight decay,
 loss scale 1, no nesterov/amsgrad/lazy/offload, no groups, a fixed learning rate Parameter). Anything else raises
 :class:`scalebox_ms.errors.CustomOpError` (one line).
+
+Errors inside a call: MindSpore raises ``RuntimeError`` naming the kernel's return value: 1-9 bad inputs (8: a
+minibatch index outside the rollout, 9: a discrete action outside the action space; nothing is written), 10: out
+of memory, 11: another C++ exception (no exception escapes the kernel, so a failure never aborts the process).
 """
 from __future__ import annotations
 
