@@ -449,11 +449,11 @@ class PPOTrainer:
 
         p = self.config.ppo
         b = self.batch_size // self.dist.world_size  # this rank's share of each minibatch
+        if hasattr(self.update_step, "run_epochs") and B % b == 0:
+            return self._run_epochs_in_one_call(tensors, scalars, B, b)
         outputs: List = []
         early_stop = p.target_kl is not None
         stopped = False
-        if hasattr(self.update_step, "run_epochs") and B % b == 0:
-            return self._run_epochs_in_one_call(tensors, scalars, B, b)
         for _epoch in range(p.n_epochs):
             perm = self.rng.permutation(B).astype(np.int32)
             for start in range(0, B, b):

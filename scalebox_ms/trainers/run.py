@@ -219,10 +219,6 @@ def environment_record(cfg: Config, trainer) -> dict:
             "config_sha256": cfg.hash(), "sandbox": repr(trainer.sandbox)}
 
 
-class _NotMain(Exception):
-    """Data-parallel rank > 0: the run directory is rank 0's to write."""
-
-
 def _check_world_size(prefix: str, world_size: int) -> None:
     import json
 
@@ -324,18 +320,15 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
             from ..parallel.launcher import write_rank_pid
 
             write_rank_pid(run_dir, trainer.dist.rank)
-        try:
-            if not trainer.dist.is_main:
-                raise _NotMain
-            os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
-            atomic_write_text(os.path.join(run_dir, "config.yaml"), cfg.to_yaml())
-            atomic_write_json(os.path.join(run_dir, "environment.json"), environment_record(cfg, trainer))
-        except _NotMain:
-            pass
-        except OSError as exc:
-            if created:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            raise ConfigError(f"--run-dir {run_dir}: cannot write ({exc.strerror})") from None
+        if trainer.dist.is_main:  # data parallel: the run directory is rank 0's to write
+            try:
+                os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
+                atomic_write_text(os.path.join(run_dir, "config.yaml"), cfg.to_yaml())
+                atomic_write_json(os.path.join(run_dir, "environment.json"), environment_record(cfg, trainer))
+            except OSError as exc:
+                if created:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                raise ConfigError(f"--run-dir {run_dir}: cannot write ({exc.strerror})") from None
         trainer.learn(until=0)  # resets the envs (seeded) without training
         if trainer.dist.is_main:
             trainer.save(checkpoint_prefix(os.path.join(run_dir, "checkpoints"), 0))  # resumable from here on
