@@ -23,11 +23,28 @@ def small_config(**sections):
 
 
 def run_module(module, *args, cwd=None, timeout=300):
-    """Run ``python -m scalebox_ms.<module> args`` in a fresh process."""
+    """Run ``python -m scalebox_ms.<module> args`` in a fresh process, in the test's (temporary) working directory
+    unless ``cwd`` is given: MindSpore writes kernel_meta/ and similar into the current directory."""
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-m", f"scalebox_ms.{module}", *map(str, args)], cwd=cwd or REPO,
+    return subprocess.run([sys.executable, "-m", f"scalebox_ms.{module}", *map(str, args)], cwd=cwd or os.getcwd(),
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_in_temporary_directory(tmp_path_factory):
+    """Module- and session-scoped fixtures (set up before the per-test directory) run in a temporary directory too."""
+    old = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(old)
+
+
+@pytest.fixture(autouse=True)
+def _in_temporary_directory(tmp_path, monkeypatch):
+    """Every test runs in its own temporary working directory, so nothing MindSpore (akg_kernel_meta/,
+    kernel_meta/, kernel_build_tmp.key), MuJoCo (MUJOCO_LOG.TXT) or a run (runs/) writes lands in the checkout."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture

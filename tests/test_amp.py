@@ -101,6 +101,7 @@ def test_apply_keeps_names_and_float32_master_weights():
     assert raw.dtype == ms.float16 and head.dtype == ms.float32  # MLP in fp16, distribution maths in fp32
 
 
+@pytest.mark.integration
 def test_bad_amp_settings_are_config_errors():
     with pytest.raises(ConfigError, match=r"amp\.level"):
         Config.from_dict({"amp": {"level": "O4"}})

@@ -23,6 +23,7 @@ def metrics_rows(run_dir):
         return [{k: v for k, v in row.items() if k not in TIMING} for row in csv.DictReader(f)]
 
 
+@pytest.mark.integration
 def test_cli_run_writes_every_artefact(tmp_path):
     run_dir = tmp_path / "run"
     summary = train("--total-steps", 2048, "--run-dir", run_dir, "--seed", 5)
@@ -56,6 +57,7 @@ def test_cli_run_writes_every_artefact(tmp_path):
     assert ev["episodes"] == 4 and set(ev) >= {"mean_return", "std_return", "episodes"}
 
 
+@pytest.mark.integration
 def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     full = train("--total-steps", 1024, "--run-dir", tmp_path / "full")
     half = train("--total-steps", 1024, "--until", 512, "--run-dir", tmp_path / "half")
@@ -86,6 +88,7 @@ def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     (["--seed", str(2**32)], "run.seed"),
     (["--set", "env.kwargs={max_episode_steps: x}"], "fails its first step"),
 ])
+@pytest.mark.integration
 def test_bad_input_one_line_exit_2_and_no_run_dir(tmp_path, args, culprit):
     run_dir = tmp_path / "run"
     r = run_module("train", *args, "--run-dir", run_dir, "--no-progress")
@@ -95,6 +98,7 @@ def test_bad_input_one_line_exit_2_and_no_run_dir(tmp_path, args, culprit):
     assert not run_dir.exists()
 
 
+@pytest.mark.integration
 def test_resume_and_evaluate_refuse_bad_paths(tmp_path):
     r = run_module("train", "--resume", tmp_path / "nothing", "--no-progress")
     assert r.returncode == 2 and "not a run directory" in r.stderr
@@ -102,6 +106,7 @@ def test_resume_and_evaluate_refuse_bad_paths(tmp_path):
     assert r.returncode == 2 and "not a run directory" in r.stderr
 
 
+@pytest.mark.integration
 def test_corrupt_checkpoint_refused_by_cli(tmp_path):
     run_dir = tmp_path / "run"
     train("--total-steps", 128, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
@@ -114,6 +119,7 @@ def test_corrupt_checkpoint_refused_by_cli(tmp_path):
     assert r.returncode == 2 and "corrupt" in r.stderr
 
 
+@pytest.mark.integration
 def test_existing_run_dir_is_not_overwritten(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -123,6 +129,7 @@ def test_existing_run_dir_is_not_overwritten(tmp_path):
     assert os.listdir(run_dir) == ["keep.txt"]
 
 
+@pytest.mark.integration
 def test_resume_refuses_a_checkpoint_of_another_env_count(tmp_path):
     run_dir = tmp_path / "run"
     train("--total-steps", 128, "--until", 64, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
@@ -132,6 +139,7 @@ def test_resume_refuses_a_checkpoint_of_another_env_count(tmp_path):
     assert r.returncode == 2 and "env.num_envs=4" in r.stderr, r.stderr
 
 
+@pytest.mark.integration
 def test_torn_metrics_row_is_dropped_on_resume(tmp_path):
     run_dir = tmp_path / "run"
     train("--total-steps", 256, "--until", 128, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
@@ -149,6 +157,7 @@ def test_crash_before_first_interval_checkpoint_is_resumable(tmp_path):
     assert "ckpt_000000000000.json" in os.listdir(run_dir / "checkpoints")
 
 
+@pytest.mark.integration
 def test_profile_flag_writes_mindspore_profiler_output(tmp_path):
     run_dir = tmp_path / "run"
     train("--total-steps", 256, "--run-dir", run_dir, "--profile", 2, "--set", "run.eval_episodes=0")
@@ -168,6 +177,7 @@ def test_auto_batch_from_the_cli_is_recorded(tmp_path):
     assert all(int(r["batch_size"]) == summary["batch_size"] for r in rows)
 
 
+@pytest.mark.integration
 def test_resume_is_bit_identical_for_sync_vector_envs_with_normalisation(tmp_path):
     """Pendulum runs on gymnasium's SyncVectorEnv (its sub-envs are checkpointed) with obs/reward statistics."""
     args = ["--set", "env.id=Pendulum-v1", "--set", "env.num_envs=2", "--set", "ppo.n_steps=32",

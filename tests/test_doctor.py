@@ -1,9 +1,11 @@
 import json
+import pytest
 
 from conftest import run_module
 from scalebox_ms.doctor import cann_compat, numpy_check, supported_cann_versions
 
 
+@pytest.mark.integration
 def test_doctor_json_reports_a_working_cpu_backend():
     r = run_module("doctor", "--json")
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]

@@ -51,6 +51,7 @@ def cartpole(tmp_path_factory):
     tr.close()
 
 
+@pytest.mark.integration
 def test_fp32_export_matches_predict_in_a_process_without_scalebox(cartpole, tmp_path):
     path = str(tmp_path / "policy.mindir")
     sc = export_mindir(cartpole, path)
@@ -63,6 +64,7 @@ def test_fp32_export_matches_predict_in_a_process_without_scalebox(cartpole, tmp
     np.testing.assert_array_equal(np.asarray(out["batch"]), want)
 
 
+@pytest.mark.integration
 def test_continuous_export_matches_predict(tmp_path):
     tr = PPOTrainer(small_config(env={"id": "Pendulum-v1", "num_envs": 2, "normalize_obs": True},
                                  ppo={"n_steps": 32, "batch_size": 16}, run={"total_steps": 128}))
@@ -76,6 +78,7 @@ def test_continuous_export_matches_predict(tmp_path):
     tr.close()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("level", ["L1", "L2"])
 def test_int8_export_stores_int8_weights_and_runs_standalone(cartpole, tmp_path, level):
     from mindspore.train import mind_ir_pb2
@@ -105,6 +108,7 @@ def test_int8_file_is_at_most_035x_for_a_256x256_policy(tmp_path):
     tr.close()
 
 
+@pytest.mark.integration
 def test_export_and_evaluate_cli(tmp_path):
     run_dir = tmp_path / "run"
     r = run_module("train", "--total-steps", 512, "--run-dir", run_dir, "--no-progress", "--set", "env.num_envs=4",
@@ -128,6 +132,7 @@ def test_export_and_evaluate_cli(tmp_path):
     (["--int8", "--calibrate-steps", "0"], "--calibrate-steps"),
     (["--int8", "--quant-level", "L9"], "--quant-level"),
 ])
+@pytest.mark.integration
 def test_export_bad_input(tmp_path, args, culprit):
     run_dir = tmp_path / "run"
     r = run_module("train", "--total-steps", 64, "--run-dir", run_dir, "--no-progress", "--set", "env.num_envs=4",
@@ -139,6 +144,7 @@ def test_export_bad_input(tmp_path, args, culprit):
     assert set(os.listdir(run_dir)) == before
 
 
+@pytest.mark.integration
 def test_export_refuses_missing_run_and_evaluate_missing_file(tmp_path):
     r = run_module("export", "--run", tmp_path / "none")
     assert r.returncode == 2 and "not a run directory" in r.stderr

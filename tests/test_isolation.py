@@ -121,6 +121,7 @@ def test_workers_inherit_no_file_descriptors(tmp_path):
         secret.close()
 
 
+@pytest.mark.integration
 def test_cli_honours_sandbox_section(tmp_path):
     import json
 

@@ -40,6 +40,7 @@ def test_cartpole_fused_dense_solves_at_100k_steps():
     assert train_and_eval("ppo_cartpole.yaml", seed=0, **{"policy.layer": "fused"}) >= 475
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_cartpole_two_workers_learn_with_identical_ranks(tmp_path):
     import json
@@ -48,7 +49,7 @@ def test_cartpole_two_workers_learn_with_identical_ranks(tmp_path):
 
     env = dict(os.environ, PYTHONPATH=REPO)
     r = subprocess.run([sys.executable, "-m", "scalebox_ms.train", "--workers", "2", "--no-progress",
-                        "--run-dir", str(tmp_path / "run")], cwd=REPO, env=env, capture_output=True, text=True,
+                        "--run-dir", str(tmp_path / "run")], cwd=str(tmp_path), env=env, capture_output=True, text=True,
                        timeout=1200)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout)

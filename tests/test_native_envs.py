@@ -100,6 +100,7 @@ def test_reset_is_seeded_and_pickle_resumes_mid_episode():
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.integration
 def test_native_backend_trains_resumes_and_evaluates_on_gymnasium(tmp_path):
     import json
 

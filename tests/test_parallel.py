@@ -201,6 +201,7 @@ def test_combined_moments_equal_the_concatenated_batch():
 
 
 # ---------------------------------------------------------------------- refusals
+@pytest.mark.integration
 def test_pipeline_stages_refused_on_cpu():
     from scalebox_ms.trainers import PPOTrainer
 
@@ -234,6 +235,7 @@ def dp_run(tmp_path_factory):
     return run_dir, first, second
 
 
+@pytest.mark.integration
 def test_two_worker_run_keeps_ranks_identical_and_resumes(dp_run):
     run_dir, first, second = dp_run
     assert first.returncode == 0, first.stderr[-2000:]
@@ -256,6 +258,7 @@ def test_two_worker_run_keeps_ranks_identical_and_resumes(dp_run):
         assert "workers: 2" in f.read()
 
 
+@pytest.mark.integration
 def test_resume_with_another_world_size_is_refused(dp_run):
     run_dir = dp_run[0]
     r = run_module("train", "--resume", run_dir, "--workers", "1")
@@ -270,12 +273,13 @@ def test_resume_with_another_world_size_is_refused(dp_run):
         _check_world_size(list_checkpoints(os.path.join(run_dir, "checkpoints"))[-1], 1)
 
 
+@pytest.mark.integration
 def test_a_killed_worker_ends_the_job_with_its_rank(tmp_path):
     run_dir = str(tmp_path / "run")
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen([sys.executable, "-m", "scalebox_ms.train", "--workers", "2", "--total-steps", "10000000",
-                             "--run-dir", run_dir, *DP_ARGS], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             "--run-dir", run_dir, *DP_ARGS], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         metrics = os.path.join(run_dir, "metrics.csv")
@@ -299,6 +303,7 @@ def test_a_killed_worker_ends_the_job_with_its_rank(tmp_path):
     assert out == ""  # no summary
 
 
+@pytest.mark.integration
 def test_a_users_own_msrun_line_is_detected(tmp_path):
     """msrun started by the user (no --workers): every process detects its role, the world size is taken from msrun
     and recorded in the run's config, rank 0 writes the run."""
@@ -311,7 +316,7 @@ def test_a_users_own_msrun_line_is_detected(tmp_path):
     r = subprocess.run([msrun_executable(), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
                         f"--master_port={free_port()}", "--join=True", f"--log_dir={tmp_path / 'logs'}",
                         "python", "-m", "scalebox_ms.train", "--total-steps", "256", "--run-dir", str(run_dir),
-                        *DP_ARGS], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+                        *DP_ARGS], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-2000:]
     with open(run_dir / "summary.json") as f:
         summary = json.load(f)
