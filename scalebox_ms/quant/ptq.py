@@ -4,12 +4,19 @@
 :class:`QuantizedPolicy` ``nn.Cell``:
 
 * **L1** -- weights int8, symmetric, one scale per output channel (``scale = max|w_row| / 127``); activations
-  stay float. The graph dequantises in-graph (``cast(w_int8) * scale``), so exported MindIR files store the
-  weights as int8 tensors plus float scales (~4x smaller weights).
+  stay float. The graph computes ``(x @ cast(w_int8)^T) * scale + b`` (per-channel scales commute with the
+  matmul), so exported MindIR files store the weights as int8 tensors plus float scales (~4x smaller weights).
 * **L2** -- additionally every Dense layer's input is quantized to int8 (symmetric, per tensor) with a scale
   calibrated on observations collected by running the policy (``activation_calibration="minmax"`` uses the
   largest magnitude seen, ``"percentile"`` the given percentile of magnitudes, which ignores outliers). The
-  matmul runs on the int8 values and the result is rescaled by ``scale_x * scale_w``.
+  matmul runs on the int8 values and the result is rescaled by ``scale_x * scale_w``, folded into one float
+  per output channel at quantization time.
+
+File size: L1 and L2 store the same tensors (int8 weights, one float32 scale per output channel, float32
+biases); L2 adds one float32 constant per layer (``scale_x``). What L2 adds is graph: three ops per layer
+(divide by ``scale_x``, round, clamp to [-127, 127]). A MindIR node carries its name, inputs and output shape,
+so for a policy as small as CartPole's (4-64-64-2, a few KB of int8 weights) these nodes make the L2 file
+larger than the L1 file; for wide layers the weights dominate and the difference vanishes.
 
 Backend note: MindSpore 2.10's CPU int8 MatMul accumulates in int8 and overflows, and CPU has no int8 quant
 kernels (DESIGN.md). L2 therefore *simulates* int8 arithmetic on every backend: int8 values are cast to float32
@@ -42,26 +49,28 @@ def quantize_weight_per_channel(w: np.ndarray):
 
 
 class QuantDense(nn.Cell):
-    """y = act(dequant(W_int8) x + b), optionally with int8-quantized input (L2)."""
+    """y = act((x @ W_int8^T) * scale + b) with per-output-channel ``scale``; with ``input_scale`` (L2) the input
+    is first quantized to int8 and ``scale`` is ``weight_scale * input_scale``."""
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray, activation: Optional[str],
                  input_scale: Optional[float] = None):
         super().__init__()
         q, scale = quantize_weight_per_channel(weight)
-        self.weight_int8 = Parameter(Tensor(q), name="weight_int8", requires_grad=False)
-        self.weight_scale = Parameter(Tensor(scale), name="weight_scale", requires_grad=False)
-        self.bias = Parameter(Tensor(np.asarray(bias, np.float32)), name="bias", requires_grad=False)
         self.quantize_input = input_scale is not None
         self.input_scale = float(input_scale) if input_scale is not None else 1.0
+        if self.quantize_input:  # one float per output channel either way; L2 folds the input scale in
+            scale = (scale * np.float32(self.input_scale)).astype(np.float32)
+        self.weight_int8 = Parameter(Tensor(q), name="weight_int8", requires_grad=False)
+        self.scale = Parameter(Tensor(scale), name="scale", requires_grad=False)
+        self.bias = Parameter(Tensor(np.asarray(bias, np.float32)), name="bias", requires_grad=False)
+        self.matmul = ops.MatMul(transpose_b=True)
         self.activation = {"tanh": nn.Tanh(), "relu": nn.ReLU(), None: None}[activation]
 
     def construct(self, x):
-        w = self.weight_int8.astype(ms.float32)
         if self.quantize_input:
-            xq = ops.clip_by_value(ops.round(x / self.input_scale), -127.0, 127.0)
-            y = ops.matmul(xq, w.T) * (self.weight_scale * self.input_scale) + self.bias
-        else:
-            y = ops.matmul(x, (w * self.weight_scale.expand_dims(-1)).T) + self.bias
+            x = ops.clamp(ops.round(x / self.input_scale), -127.0, 127.0)
+        # per-channel scales commute with the matmul: x @ (W_int8 * s)^T = (x @ W_int8^T) * s
+        y = self.matmul(x, self.weight_int8.astype(ms.float32)) * self.scale + self.bias
         if self.activation is not None:
             y = self.activation(y)
         return y
