@@ -230,3 +230,13 @@ def test_evaluation_without_isolation_reports_no_restarts():
     finally:
         tr.close()
 
+
+def test_int8_calibration_runs_in_isolated_workers_too():
+    from scalebox_ms.quant import collect_calibration_data
+
+    tr = isolated_trainer("faulty_envs:CrashingCartPole-v0")  # every worker crashes at its 5th step
+    try:
+        data = collect_calibration_data(tr, 24)
+        assert data.shape == (24, 4) and np.isfinite(data).all()
+    finally:
+        tr.close()

@@ -188,15 +188,17 @@ class DynamicQuantizer:
 
 
 def collect_calibration_data(trainer, steps: int, seed: int = 12_345) -> np.ndarray:
-    """Run the trainer's deterministic policy on fresh envs (``min(num_envs, 8)`` copies) until ``steps`` env
-    steps are done; return the normalised observations it saw, (steps, obs_dim) float32."""
+    """Run the trainer's deterministic policy on fresh envs (``min(num_envs, 8)`` copies, isolated in worker
+    processes as the trainer's own envs are) until ``steps`` env steps are done; return the normalised
+    observations it saw, (steps, obs_dim) float32."""
     from ..envs import make_vec_env
+    from ..trainers.evaluation import isolation_kwargs
 
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ConfigError(f"calibrate_steps: must be an integer >= 1, got {steps!r}")
     cfg = trainer.config.env
     n = min(cfg.num_envs, 8, steps)
-    env = make_vec_env(cfg.id, n, cfg.kwargs)
+    env = make_vec_env(cfg.id, n, cfg.kwargs, **isolation_kwargs(trainer))
     try:
         obs, _ = env.reset(seed=seed)
         seen = []
