@@ -4,8 +4,8 @@
 :class:`QuantizedPolicy` ``nn.Cell``:
 
 * **L1** -- weights int8, symmetric, one scale per output channel (``scale = max|w_row| / 127``); activations
-  stay float. The graph computes ``(x @ cast(w_int8)^T) * scale + b`` (per-channel scales commute with the
-  matmul), so exported MindIR files store the weights as int8 tensors plus float scales (~4x smaller weights).
+  stay float. The graph dequantises in-graph (``cast(w_int8) * scale``), so exported MindIR files store the
+  weights as int8 tensors plus float scales (~4x smaller weights).
 * **L2** -- additionally every Dense layer's input is quantized to int8 (symmetric, per tensor) with a scale
   calibrated on observations collected by running the policy (``activation_calibration="minmax"`` uses the
   largest magnitude seen, ``"percentile"`` the given percentile of magnitudes, which ignores outliers). The
@@ -49,8 +49,9 @@ def quantize_weight_per_channel(w: np.ndarray):
 
 
 class QuantDense(nn.Cell):
-    """y = act((x @ W_int8^T) * scale + b) with per-output-channel ``scale``; with ``input_scale`` (L2) the input
-    is first quantized to int8 and ``scale`` is ``weight_scale * input_scale``."""
+    """y = act(x @ (W_int8 * scale)^T + b) with per-output-channel ``scale``; with ``input_scale`` (L2) the input
+    is quantized to int8 first and the int8 product is rescaled: y = act((x_int8 @ W_int8^T) * scale + b), where
+    ``scale`` is ``weight_scale * input_scale``."""
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray, activation: Optional[str],
                  input_scale: Optional[float] = None):
@@ -60,6 +61,8 @@ class QuantDense(nn.Cell):
         self.input_scale = float(input_scale) if input_scale is not None else 1.0
         if self.quantize_input:  # one float per output channel either way; L2 folds the input scale in
             scale = (scale * np.float32(self.input_scale)).astype(np.float32)
+        else:  # L1 scales the weight rows: stored as a column, no reshape in the graph
+            scale = scale[:, None]
         self.weight_int8 = Parameter(Tensor(q), name="weight_int8", requires_grad=False)
         self.scale = Parameter(Tensor(scale), name="scale", requires_grad=False)
         self.bias = Parameter(Tensor(np.asarray(bias, np.float32)), name="bias", requires_grad=False)
@@ -67,10 +70,12 @@ class QuantDense(nn.Cell):
         self.activation = {"tanh": nn.Tanh(), "relu": nn.ReLU(), None: None}[activation]
 
     def construct(self, x):
+        w = self.weight_int8.astype(ms.float32)
         if self.quantize_input:
             x = ops.clamp(ops.round(x / self.input_scale), -127.0, 127.0)
-        # per-channel scales commute with the matmul: x @ (W_int8 * s)^T = (x @ W_int8^T) * s
-        y = self.matmul(x, self.weight_int8.astype(ms.float32)) * self.scale + self.bias
+            y = self.matmul(x, w) * self.scale + self.bias  # integer-valued product, then one rescale
+        else:
+            y = self.matmul(x, w * self.scale) + self.bias
         if self.activation is not None:
             y = self.activation(y)
         return y
