@@ -8,7 +8,10 @@ only), export fp32, INT8 L1 and INT8 L2 MindIR files and report:
 * file size and the INT8/fp32 ratio
 * latency of one GraphCell call at batch 1 and 256 (median of repeated calls)
 
-Usage:  python benchmarks/export_int8.py [--cartpole-run DIR] [--pendulum-run DIR] [--out benchmarks/results/export_int8.json]
+``--sizes-only`` skips the evaluation and latency measurements (file sizes and graph node counts only).
+
+Usage:  python benchmarks/export_int8.py [--cartpole-run DIR] [--pendulum-run DIR] [--sizes-only]
+                                         [--out benchmarks/results/export_int8.json]
 """
 from __future__ import annotations
 
@@ -55,7 +58,16 @@ def latency_ms(path: str, obs_dim: int, batch: int, reps: int = 300) -> float:
     return 1000 * statistics.median(times)
 
 
-def measure(name: str, trainer, outdir: str, evaluate: bool) -> list:
+def graph_nodes(path: str) -> int:
+    from mindspore.train import mind_ir_pb2
+
+    model = mind_ir_pb2.ModelProto()
+    with open(path, "rb") as f:
+        model.ParseFromString(f.read())
+    return len(model.graph.node)
+
+
+def measure(name: str, trainer, outdir: str, evaluate: bool, timing: bool = True) -> list:
     from scalebox_ms.export import evaluate_mindir, export_mindir
 
     rows = []
@@ -63,9 +75,10 @@ def measure(name: str, trainer, outdir: str, evaluate: bool) -> list:
                       ("int8-L2", {"int8": True, "quant_level": "L2"})]:
         path = os.path.join(outdir, f"{name}_{label}.mindir")
         sc = export_mindir(trainer, path, calibrate_steps=200, **kw)
-        row = {"policy": name, "variant": label, "bytes": sc["file_bytes"],
-               "latency_ms_b1": latency_ms(path, trainer.spec.obs_dim, 1),
-               "latency_ms_b256": latency_ms(path, trainer.spec.obs_dim, 256)}
+        row = {"policy": name, "variant": label, "bytes": sc["file_bytes"], "graph_nodes": graph_nodes(path)}
+        if timing:
+            row["latency_ms_b1"] = latency_ms(path, trainer.spec.obs_dim, 1)
+            row["latency_ms_b256"] = latency_ms(path, trainer.spec.obs_dim, 256)
         if evaluate:
             row["eval_mean"] = float(np.mean(evaluate_mindir(path, episodes=20)))
         rows.append(row)
@@ -81,6 +94,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cartpole-run")
     ap.add_argument("--pendulum-run")
+    ap.add_argument("--sizes-only", action="store_true", help="no evaluation or latency: file sizes only")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "export_int8.json"))
     args = ap.parse_args()
 
@@ -89,18 +103,22 @@ def main() -> None:
 
     rows = []
     with tempfile.TemporaryDirectory() as outdir:
-        rows += measure("CartPole-v1", trained("ppo_cartpole.yaml", args.cartpole_run), outdir, True)
-        rows += measure("Pendulum-v1", trained("ppo_pendulum.yaml", args.pendulum_run), outdir, True)
+        full = not args.sizes_only
+        rows += measure("CartPole-v1", trained("ppo_cartpole.yaml", args.cartpole_run), outdir, full, full)
+        rows += measure("Pendulum-v1", trained("ppo_pendulum.yaml", args.pendulum_run), outdir, full, full)
         big = PPOTrainer(load_config(os.path.join(REPO, "configs", "ppo_pendulum.yaml"), [
             "policy.pi_layers=[256, 256]", "policy.vf_layers=[256, 256]", "policy.activation=relu",
             "ppo.n_steps=64", "run.total_steps=256", "run.progress=false"]))
         big.learn()
-        rows += measure("MLP-256x256", big, outdir, False)
-    print(f"{'policy':12s} {'variant':8s} {'eval':>9s} {'delta':>7s} {'bytes':>9s} {'ratio':>6s} {'b1 ms':>7s} {'b256 ms':>8s}")
+        rows += measure("MLP-256x256", big, outdir, False, full)
+    print(f"{'policy':12s} {'variant':8s} {'eval':>9s} {'delta':>7s} {'bytes':>9s} {'ratio':>6s} {'nodes':>5s} "
+          f"{'b1 ms':>7s} {'b256 ms':>8s}")
     for r in rows:
         ev = f"{r['eval_mean']:9.1f} {r['eval_delta']:7.1f}" if "eval_mean" in r else f"{'-':>9s} {'-':>7s}"
+        lat = (f"{r['latency_ms_b1']:7.3f} {r['latency_ms_b256']:8.3f}" if "latency_ms_b1" in r
+               else f"{'-':>7s} {'-':>8s}")
         print(f"{r['policy']:12s} {r['variant']:8s} {ev} {r['bytes']:9d} {r['size_ratio']:6.2f} "
-              f"{r['latency_ms_b1']:7.3f} {r['latency_ms_b256']:8.3f}")
+              f"{r['graph_nodes']:5d} {lat}")
     atomic_write_json(args.out, {"rows": rows, "date": time.strftime("%Y-%m-%d %H:%M")})
     print(f"wrote {args.out}")
 

@@ -48,6 +48,8 @@ def _deploy_cell(policy_cell, obs_normalizer):
                 x = ops.clip_by_value((x - self.mean) * self.inv_std, -self.clip, self.clip)
             return self.policy(x)
 
+    # MindIR repeats the graph's name (from the class's qualified name) in every node name: keep it short
+    DeployPolicy.__qualname__ = "DeployPolicy"
     return DeployPolicy()
 
 

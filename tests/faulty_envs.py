@@ -1,7 +1,8 @@
 """CartPole variants that crash, hang or blow their memory at a given step (for isolation tests).
 
 Used as env ids ``faulty_envs:CrashingCartPole-v0`` etc.: gymnasium imports this module (registering the
-envs) in each worker process. The fault fires once per process, at step ``at`` of the process's life.
+envs) in each worker process. The fault fires once per process, at step ``at`` of the process's life; with
+the env kwarg ``once=<path>`` it fires in one process only: the first to create the file ``path``.
 """
 import os
 import time
@@ -18,13 +19,24 @@ class ResetCrashingCartPole(CartPoleEnv):
 
 
 class FaultyCartPole(CartPoleEnv):
-    def __init__(self, fault: str = "crash", at: int = 5, **kw):
+    def __init__(self, fault: str = "crash", at: int = 5, once: str = None, **kw):
         super().__init__(**kw)
-        self.fault, self.at, self.steps = fault, at, 0
+        self.fault, self.at, self.once, self.steps = fault, at, once, 0
+
+    def _armed(self) -> bool:
+        if os.environ.get("FAULTY_ENVS_OFF") == "1":
+            return False
+        if self.once is None:
+            return True
+        try:  # only the process that creates the marker file faults
+            os.close(os.open(self.once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except FileExistsError:
+            return False
 
     def step(self, action):
         self.steps += 1
-        if self.steps == self.at and os.environ.get("FAULTY_ENVS_OFF") != "1":
+        if self.steps == self.at and self._armed():
             if self.fault == "crash":
                 os._exit(3)  # like a segfault in native env code: no exception, the process is gone
             if self.fault == "hang":

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -95,6 +96,36 @@ def test_int8_export_stores_int8_weights_and_runs_standalone(cartpole, tmp_path,
     out = drive(path, "CartPole-v1", 200, tmp_path)
     want = cartpole.predict(np.asarray(out["obs"], np.float32))
     assert (np.asarray(out["actions"]) == want).mean() >= 0.95
+
+
+def _mindir(path):
+    from mindspore.train import mind_ir_pb2
+
+    model = mind_ir_pb2.ModelProto()
+    with open(path, "rb") as f:
+        model.ParseFromString(f.read())
+    return model
+
+
+def test_l2_stores_the_same_tensors_as_l1_and_adds_only_the_input_quantization(cartpole, tmp_path):
+    files = {level: str(tmp_path / f"{level}.mindir") for level in ("L1", "L2")}
+    for level, path in files.items():
+        export_mindir(cartpole, path, int8=True, quant_level=level, calibrate_steps=64)
+    l1, l2 = _mindir(files["L1"]), _mindir(files["L2"])
+
+    def tensors(model):
+        return sorted((p.name.split(":")[-1], p.data_type, len(p.raw_data)) for p in model.graph.parameter)
+
+    def ops(model):  # computation nodes (not constants): op type names
+        return [n.op_type.split("::")[-1].split(":")[0] for n in model.graph.node if n.op_type != "Constant"]
+
+    assert tensors(l2) == tensors(l1)  # int8 weights, one float scale per channel, biases: nothing stored twice
+    layers = sum(name.endswith("weight_int8") for name, *_ in tensors(l1))
+    # L2's extra graph is the input quantization, one divide/round/clamp per layer, and nothing else
+    assert len(ops(l2)) - len(ops(l1)) == 3 * layers, (ops(l1), ops(l2))
+    assert not Counter(ops(l1)) - Counter(ops(l2))
+    # node names carry the graph's name in every node: it must not be the long nested-function qualname
+    assert not any("locals" in n.name for n in l2.graph.node)
 
 
 def test_int8_file_is_at_most_035x_for_a_256x256_policy(tmp_path):

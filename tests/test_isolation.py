@@ -171,3 +171,72 @@ def test_worker_start_failure_is_a_config_error():
 
     with pytest.raises(ConfigError, match="fails its first step.*failed to reset"):
         make_vec_env("faulty_envs:ResetCrashingCartPole-v0", 1, isolation="process")
+
+
+def isolated_trainer(env_id, env_kwargs=None, **sandbox):
+    from scalebox_ms.trainers import PPOTrainer
+
+    cfg = small_config(env={"id": env_id, "num_envs": 2, "kwargs": env_kwargs or {}},
+                       sandbox={"isolation_level": "process", **sandbox})
+    return PPOTrainer(cfg)
+
+
+@pytest.mark.parametrize("fault, kind, sandbox", [
+    ("Crashing", "crash", {}),
+    ("Raising", "crash", {}),
+    ("Hanging", "timeout", {"step_timeout": 1.0}),
+])
+def test_evaluation_survives_a_faulty_env_and_replays_the_spoilt_episode(tmp_path, fault, kind, sandbox):
+    from scalebox_ms.trainers.evaluation import evaluate_policy
+
+    # the eval worker that first reaches its 5th step faults, once: one spoilt episode
+    tr = isolated_trainer(f"faulty_envs:{fault}CartPole-v0", {"once": str(tmp_path / "fired")}, **sandbox)
+    try:
+        rets = evaluate_policy(tr, episodes=4, seed=1)
+        assert (tmp_path / "fired").exists()
+        assert [e["kind"] for e in rets.env_events] == [kind] and rets.replayed == 1
+        # four whole episodes: the fragment cut at the 4th eval step (return < 4) is not among them
+        assert len(rets) == 4 and min(rets) >= 8, list(rets)
+        assert isinstance(rets, list) and all(isinstance(r, float) for r in rets)
+    finally:
+        tr.close()
+
+
+def test_evaluation_gives_up_after_one_restart_per_episode(tmp_path):
+    from scalebox_ms.trainers.evaluation import EvaluationError, evaluate_policy
+
+    tr = isolated_trainer("faulty_envs:CrashingCartPole-v0")  # every worker crashes at its 5th step
+    try:
+        with pytest.raises(EvaluationError, match=r"evaluation of 'faulty_envs:CrashingCartPole-v0': 4 env worker "
+                                                  r"restarts, more than the 2 allowed \(0 of 2 episodes done\); "
+                                                  r"last: crash: worker process died") as info:
+            evaluate_policy(tr, episodes=2, seed=1)
+        assert len(str(info.value).splitlines()) == 1
+        assert info.value.returns == [] and len(info.value.env_events) == 4
+        assert isinstance(info.value, ScaleboxError)  # the CLIs print it as one line and exit 2
+    finally:
+        tr.close()
+
+
+def test_evaluation_without_isolation_reports_no_restarts():
+    from scalebox_ms.trainers import PPOTrainer
+    from scalebox_ms.trainers.evaluation import evaluate_policy
+
+    tr = PPOTrainer(small_config())
+    try:
+        rets = evaluate_policy(tr, episodes=3, seed=1)
+        assert len(rets) == 3 and rets.env_events == [] and rets.replayed == 0
+        assert type(tr.env).__name__ != "IsolatedVectorEnv"
+    finally:
+        tr.close()
+
+
+def test_int8_calibration_runs_in_isolated_workers_too():
+    from scalebox_ms.quant import collect_calibration_data
+
+    tr = isolated_trainer("faulty_envs:CrashingCartPole-v0")  # every worker crashes at its 5th step
+    try:
+        data = collect_calibration_data(tr, 24)
+        assert data.shape == (24, 4) and np.isfinite(data).all()
+    finally:
+        tr.close()

@@ -9,7 +9,14 @@
 * **L2** -- additionally every Dense layer's input is quantized to int8 (symmetric, per tensor) with a scale
   calibrated on observations collected by running the policy (``activation_calibration="minmax"`` uses the
   largest magnitude seen, ``"percentile"`` the given percentile of magnitudes, which ignores outliers). The
-  matmul runs on the int8 values and the result is rescaled by ``scale_x * scale_w``.
+  matmul runs on the int8 values and the result is rescaled by ``scale_x * scale_w``, folded into one float
+  per output channel at quantization time.
+
+File size: L1 and L2 store the same tensors (int8 weights, one float32 scale per output channel, float32
+biases); L2 adds one float32 constant per layer (``scale_x``). What L2 adds is graph: three ops per layer
+(divide by ``scale_x``, round, clamp to [-127, 127]). A MindIR node carries its name, inputs and output shape,
+so for a policy as small as CartPole's (4-64-64-2, a few KB of int8 weights) these nodes make the L2 file
+larger than the L1 file; for wide layers the weights dominate and the difference vanishes.
 
 Backend note: MindSpore 2.10's CPU int8 MatMul accumulates in int8 and overflows, and CPU has no int8 quant
 kernels (DESIGN.md). L2 therefore *simulates* int8 arithmetic on every backend: int8 values are cast to float32
@@ -42,26 +49,33 @@ def quantize_weight_per_channel(w: np.ndarray):
 
 
 class QuantDense(nn.Cell):
-    """y = act(dequant(W_int8) x + b), optionally with int8-quantized input (L2)."""
+    """y = act(x @ (W_int8 * scale)^T + b) with per-output-channel ``scale``; with ``input_scale`` (L2) the input
+    is quantized to int8 first and the int8 product is rescaled: y = act((x_int8 @ W_int8^T) * scale + b), where
+    ``scale`` is ``weight_scale * input_scale``."""
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray, activation: Optional[str],
                  input_scale: Optional[float] = None):
         super().__init__()
         q, scale = quantize_weight_per_channel(weight)
-        self.weight_int8 = Parameter(Tensor(q), name="weight_int8", requires_grad=False)
-        self.weight_scale = Parameter(Tensor(scale), name="weight_scale", requires_grad=False)
-        self.bias = Parameter(Tensor(np.asarray(bias, np.float32)), name="bias", requires_grad=False)
         self.quantize_input = input_scale is not None
         self.input_scale = float(input_scale) if input_scale is not None else 1.0
+        if self.quantize_input:  # one float per output channel either way; L2 folds the input scale in
+            scale = (scale * np.float32(self.input_scale)).astype(np.float32)
+        else:  # L1 scales the weight rows: stored as a column, no reshape in the graph
+            scale = scale[:, None]
+        self.weight_int8 = Parameter(Tensor(q), name="weight_int8", requires_grad=False)
+        self.scale = Parameter(Tensor(scale), name="scale", requires_grad=False)
+        self.bias = Parameter(Tensor(np.asarray(bias, np.float32)), name="bias", requires_grad=False)
+        self.matmul = ops.MatMul(transpose_b=True)
         self.activation = {"tanh": nn.Tanh(), "relu": nn.ReLU(), None: None}[activation]
 
     def construct(self, x):
         w = self.weight_int8.astype(ms.float32)
         if self.quantize_input:
-            xq = ops.clip_by_value(ops.round(x / self.input_scale), -127.0, 127.0)
-            y = ops.matmul(xq, w.T) * (self.weight_scale * self.input_scale) + self.bias
+            x = ops.clamp(ops.round(x / self.input_scale), -127.0, 127.0)
+            y = self.matmul(x, w) * self.scale + self.bias  # integer-valued product, then one rescale
         else:
-            y = ops.matmul(x, (w * self.weight_scale.expand_dims(-1)).T) + self.bias
+            y = self.matmul(x, w * self.scale) + self.bias
         if self.activation is not None:
             y = self.activation(y)
         return y
@@ -179,15 +193,17 @@ class DynamicQuantizer:
 
 
 def collect_calibration_data(trainer, steps: int, seed: int = 12_345) -> np.ndarray:
-    """Run the trainer's deterministic policy on fresh envs (``min(num_envs, 8)`` copies) until ``steps`` env
-    steps are done; return the normalised observations it saw, (steps, obs_dim) float32."""
+    """Run the trainer's deterministic policy on fresh envs (``min(num_envs, 8)`` copies, isolated in worker
+    processes as the trainer's own envs are) until ``steps`` env steps are done; return the normalised
+    observations it saw, (steps, obs_dim) float32."""
     from ..envs import make_vec_env
+    from ..trainers.evaluation import isolation_kwargs
 
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ConfigError(f"calibrate_steps: must be an integer >= 1, got {steps!r}")
     cfg = trainer.config.env
     n = min(cfg.num_envs, 8, steps)
-    env = make_vec_env(cfg.id, n, cfg.kwargs)
+    env = make_vec_env(cfg.id, n, cfg.kwargs, **isolation_kwargs(trainer))
     try:
         obs, _ = env.reset(seed=seed)
         seen = []

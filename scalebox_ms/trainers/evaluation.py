@@ -1,50 +1,129 @@
-"""Deterministic evaluation on fresh gymnasium envs."""
+"""Deterministic evaluation on fresh gymnasium envs.
+
+Isolation: :func:`evaluate_policy` builds its envs the way the trainer builds its own
+(``trainer.sandbox.isolation_level``, ``step_timeout``, ``worker_memory_limit_bytes``). Under 'process' or
+'strict' every eval sub-env runs in a worker process (:class:`~scalebox_ms.envs.IsolatedVectorEnv`), so an env
+that segfaults, raises or hangs cannot take the evaluating process down:
+
+* An episode during which its sub-env's worker was restarted is not counted (its return is a fragment cut
+  short by the restart); that sub-env plays another episode in its place. Restarts while a sub-env is being
+  reset (between episodes) do not spoil an episode.
+* Restarts are bounded: once an evaluation has seen more than ``max_restarts`` of them (default
+  ``episodes``, i.e. one per episode asked for), it stops with :class:`EvaluationError`, a one-line message
+  naming the env id, the number of restarts and the last failure (``crash``/``timeout``/``memory`` and its
+  detail). A sub-env that cannot even be reset raises it too. The exception carries ``returns`` (the episodes
+  completed so far) and ``env_events`` for a caller that records a partial result.
+
+The result is a :class:`Returns`: a ``list`` of the episode returns (so ``evaluate_policy(trainer, episodes=n)``
+is the list of floats it always was) with two attributes: ``env_events``, the worker restarts seen (dicts as in
+``IsolatedVectorEnv.events``), and ``replayed``, the number of episodes discarded and played again. Without
+isolation both are empty and nothing else changes.
+"""
 from __future__ import annotations
 
 from typing import Callable, List, Optional
 
 import numpy as np
 
+from ..errors import ScaleboxError
+
+
+class Returns(list):
+    """Episode returns (a list of floats) plus what process isolation did during the evaluation."""
+
+    def __init__(self, returns=(), env_events=(), replayed: int = 0):
+        super().__init__(returns)
+        self.env_events: List[dict] = list(env_events)
+        self.replayed = int(replayed)
+
+
+class EvaluationError(ScaleboxError):
+    """Evaluation gave up (too many env worker restarts, or a sub-env that cannot reset); ``returns`` holds the
+    episodes completed before that, ``env_events`` the restarts."""
+
+    def __init__(self, message: str, returns: Returns):
+        super().__init__(message)
+        self.returns, self.env_events = returns, returns.env_events
+
+
+def isolation_kwargs(trainer) -> dict:
+    """``make_vec_env`` isolation arguments for envs like ``trainer``'s own (see ``PPOTrainer``)."""
+    sb = getattr(trainer, "sandbox", None)
+    return {"isolation": getattr(sb, "isolation_level", "none"), "step_timeout": getattr(sb, "step_timeout", 10.0),
+            "worker_memory_limit": getattr(sb, "worker_memory_limit_bytes", None)}
+
 
 def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndarray], np.ndarray], episodes: int,
-                 seed: int = 10_000, max_envs: int = 16) -> List[float]:
+                 seed: int = 10_000, max_envs: int = 16, *, isolation: str = "none", step_timeout: float = 10.0,
+                 worker_memory_limit: Optional[int] = None, max_restarts: Optional[int] = None) -> Returns:
     """Play ``episodes`` full episodes with ``act(obs_batch) -> action_batch`` on new vector envs.
 
     Episodes are spread over ``min(episodes, max_envs)`` envs with fixed per-env targets (as SB3's
     ``evaluate_policy``), so short episodes are not over-counted. Returns the undiscounted, unscaled returns.
+    ``isolation``/``step_timeout``/``worker_memory_limit`` are passed to ``make_vec_env``; under isolation,
+    episodes spoilt by a worker restart are replayed, at most ``max_restarts`` (default ``episodes``) restarts
+    in all (see the module docstring).
     """
     from ..envs import make_vec_env
 
     if episodes < 1:
         raise ValueError(f"episodes: must be >= 1, got {episodes}")
+    limit = episodes if max_restarts is None else int(max_restarts)
     n = min(episodes, max_envs)
-    env = make_vec_env(env_id, n, env_kwargs)
+    env = make_vec_env(env_id, n, env_kwargs, isolation=isolation, step_timeout=step_timeout,
+                       worker_memory_limit=worker_memory_limit)
+    events = getattr(env, "events", None)  # IsolatedVectorEnv's restart log; None without isolation
+    result = Returns()
     try:
         targets = np.array([(episodes + i) // n for i in range(n)])
         counts = np.zeros(n, int)
-        returns: List[float] = []
         ep_return = np.zeros(n)
         valid = np.ones(n, bool)  # False: the next step is a NEXT_STEP autoreset step
+        spoilt = np.zeros(n, bool)  # the current episode saw a worker restart
         obs, _ = env.reset(seed=seed)
+        seen = len(events) if events is not None else 0  # restarts before the first episode spoil none
         while (counts < targets).any():
             obs, reward, terminated, truncated, _ = env.step(act(obs))
+            if events is not None and len(events) > seen:
+                for event in events[seen:]:
+                    spoilt[event["env"]] |= valid[event["env"]]  # mid-episode, not while resetting
+                seen = len(events)
+                result.env_events = list(events)
+                if seen > limit:  # every restart counts, also those while starting or resetting a sub-env
+                    last = events[-1]
+                    raise EvaluationError(
+                        f"evaluation of {env_id!r}: {seen} env worker restarts, more than the {limit} allowed "
+                        f"({len(result)} of {episodes} episodes done); last: {last['kind']}: {last['detail']}", result)
             ep_return += np.where(valid, reward, 0.0)
             done = (np.asarray(terminated) | np.asarray(truncated)) & valid
             for i in np.flatnonzero(done):
                 if counts[i] < targets[i]:
-                    returns.append(float(ep_return[i]))
-                    counts[i] += 1
+                    if spoilt[i]:
+                        result.replayed += 1
+                    else:
+                        result.append(float(ep_return[i]))
+                        counts[i] += 1
             ep_return[done] = 0.0
+            spoilt[done] = False
             valid = ~done
-        return returns
+        if events is not None:
+            result.env_events = list(events)
+        return result
+    except EvaluationError:
+        raise
+    except ScaleboxError as exc:  # IsolatedVectorEnv gave up on a sub-env that cannot reset
+        if events is not None:
+            result.env_events = list(events)
+        raise EvaluationError(f"evaluation of {env_id!r}: {str(exc).splitlines()[0]}", result) from None
     finally:
         env.close()
 
 
 def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, deterministic: bool = True,
-                    max_envs: int = 16) -> List[float]:
-    """Episodes of ``trainer``'s policy on new envs of its ``env.id``/``env.kwargs``; observations are
-    normalised with the trainer's statistics without updating them."""
+                    max_envs: int = 16, max_restarts: Optional[int] = None) -> Returns:
+    """Episodes of ``trainer``'s policy on new envs of its ``env.id``/``env.kwargs``, isolated as its own envs
+    are (see the module docstring); observations are normalised with the trainer's statistics without updating
+    them."""
     cfg = trainer.config.env
     return run_episodes(cfg.id, cfg.kwargs, lambda obs: trainer.predict(obs, deterministic=deterministic),
-                        episodes, seed, max_envs)
+                        episodes, seed, max_envs, max_restarts=max_restarts, **isolation_kwargs(trainer))
