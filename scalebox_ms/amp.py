@@ -26,6 +26,14 @@
    checkpoint and are the same on every data-parallel rank (the finite check runs after the gradient
    all-reduce).
 
+   The finite check is ``mindspore.amp.all_finite`` (:func:`all_finite`), which runs inside the compiled update
+   graph on CPU, GPU and Ascend (on Ascend it reads the device's overflow status). MindSpore's
+   ``amp.DynamicLossScaler`` is not used for the scale update (:func:`update_scale`): it takes one integer
+   ``scale_factor`` for both growth and backoff (backoff is ``1 / scale_factor``), so the separate
+   ``growth_factor`` / ``backoff_factor`` of the ``amp:`` section (e.g. grow by 2, back off by 0.25) cannot be
+   expressed; it counts no skipped steps; and its Parameters are named ``scale_value`` / ``counter``, which would
+   change the names (``amp.loss_scale``, ``amp.good_steps``, ``amp.skipped_steps``) that checkpoints store.
+
 Backends: on CPU float16 runs (correct, but slower than float32: there are no fp16 matrix units); bfloat16
 MatMul is not supported on CPU, which :func:`check_backend` reports at start-up. On Ascend/GPU float16 is the
 fast path.
@@ -36,6 +44,7 @@ from typing import Optional
 
 import mindspore as ms
 import numpy as np
+from mindspore import amp as ms_amp
 from mindspore import ops
 
 from .errors import ConfigError
@@ -139,9 +148,8 @@ class LossScaler:
 
 
 def all_finite(grads):
-    """True when every element of every gradient is finite (one reduction over the concatenated grads)."""
-    flat = ops.concat([g.reshape(-1) for g in grads])
-    return ops.isfinite(flat).all()
+    """Scalar bool Tensor: every element of every gradient is finite (``mindspore.amp.all_finite``)."""
+    return ms_amp.all_finite(tuple(grads))
 
 
 def update_scale(scale, good_steps, skipped, finite, amp: AutoMixedPrecision):
