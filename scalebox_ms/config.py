@@ -1,8 +1,14 @@
 """Typed run configuration.
 
 A run is described by one :class:`Config` made of dataclass sections (``env``, ``policy``, ``ppo``,
-``run``, ``sandbox``). YAML files map onto it key by key; ``--set section.key=value`` overrides use YAML
-syntax for the value. Unknown keys, wrong types and bad values raise :class:`ConfigError` naming the key.
+``run``, ``sandbox``, ``amp``, ``parallel``). YAML files map onto it key by key; ``--set section.key=value``
+overrides use YAML syntax for the value. Both are read by :func:`scalebox_ms.config_yaml.load_yaml`, which
+refuses duplicate keys and alias bombs. Unknown keys, wrong types and bad values raise :class:`ConfigError`
+naming the key; user values in messages are shortened (:func:`scalebox_ms.errors.short_repr`).
+
+All checks of config values live here, in :func:`validate`: one function per section plus the checks that
+relate sections. Classes that users may also build by hand (``AutoMixedPrecision``, ``Sandbox``, ``ActorCritic``)
+run their section's checks on their arguments through :func:`checked_section` rather than repeating them.
 """
 from __future__ import annotations
 
