@@ -4,8 +4,9 @@
 
 * **Duplicate keys.** YAML parsers keep the last of two equal keys in a mapping (``env: {id: A, id: B}`` is
   ``B``; a section written twice loses the first one). Here any repeated key is a :class:`ConfigError` naming
-  the key's dotted path and both lines. Merge keys (``<<: *defaults``) are not duplicates: what they merge
-  may be overridden, as YAML intends.
+  the key's dotted path and both lines (keys are compared as written, after YAML's type resolution, so
+  ``a`` and ``"a"`` are the same key). Merge keys (``<<: *defaults``) are not duplicates: what they merge may
+  be overridden, as YAML intends.
 * **Alias bombs.** Anchors and aliases (``&a`` / ``*a``) may be used, but a document may expand to at most
   :data:`MAX_NODES` nodes, counting an aliased node in full at every use (so the few hundred bytes of a
   "billion laughs" file that expand to 10^9 strings are refused), may nest at most :data:`MAX_DEPTH` levels,

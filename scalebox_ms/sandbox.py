@@ -31,7 +31,7 @@ import numpy as np
 from .errors import ConfigError, ScaleboxError
 
 # Must be set before MindSpore starts its runtime: without host-blocking runs, compiled steps on a
-# few-core CPU thrash threads (DESIGN.md: ~7,500 -> ~100 context switches per step, 5x faster updates).
+# few-core CPU thrash threads (many more context switches per step and much slower updates).
 os.environ.setdefault("MS_DEV_HOST_BLOCKING_RUN", "1")
 os.environ.setdefault("GLOG_v", "3")  # MindSpore C++ log level: errors only
 

@@ -302,16 +302,12 @@ def build_model(spec: SpaceSpec, policy_cfg) -> ActorCritic:
                        align=getattr(policy_cfg, "align", 16))
 
 
-# 'auto' acting kernel rule, measured by benchmarks/acting_kernels.py (results/acting_kernels.json) on the 2-core
-# CPU box (MindSpore 2.10, AVX-512): CartPole 4-64-64-2 acting call, median us per call (packed output to numpy):
-#   batch        8     64    256   1024   4096
-#   builtin    365    491    634   1020   3676
-#   custom     184    202    262    495   1527    (0.41-0.50x of builtin at every measured batch)
-# The custom kernel is one launch instead of ~25 (the fixed cost that dominates small batches) and computes
-# single-threaded at ~0.35 us per CartPole sample; it won at every measured batch, so 'auto' picks it up to the
-# largest measured one and keeps builtin beyond (unmeasured; many-core machines parallelise the builtin
-# matmuls). The bound is expressed in multiply-adds per call (batch x MACs per sample of the policy and value
-# MLPs) so other MLP sizes scale from the CartPole measurement: custom where batch * macs <= AUTO_CUSTOM_MAX_MACS.
+# 'auto' acting kernel rule (measurements: docs/custom_ops.md, from benchmarks/acting_kernels.py): the custom
+# kernel is one launch instead of ~25 (the fixed cost that dominates small batches) and computes single-threaded;
+# it was faster at every measured CartPole batch, so 'auto' picks it up to the largest measured one and keeps
+# builtin beyond (unmeasured; many-core machines parallelise the builtin matmuls). The bound is expressed in
+# multiply-adds per call (batch x MACs per sample of the policy and value MLPs) so other MLP sizes scale from the
+# CartPole measurement: custom where batch * macs <= AUTO_CUSTOM_MAX_MACS.
 _CARTPOLE_MACS = (4 * 64 + 64 * 64 + 64 * 2) + (4 * 64 + 64 * 64 + 64 * 1)
 AUTO_CUSTOM_MAX_BATCH = 4096  # largest measured CartPole batch at which the custom kernel was faster
 AUTO_CUSTOM_MAX_MACS = AUTO_CUSTOM_MAX_BATCH * _CARTPOLE_MACS
