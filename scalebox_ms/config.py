@@ -207,7 +207,8 @@ class Config:
             try:
                 value = load_yaml(raw, f"--set {path.strip()}", lines=False)
             except yaml.YAMLError as exc:
-                raise ConfigError(f"--set {path}: value {short_repr(raw)} is not valid YAML ({first_line(exc)})") from None
+                raise ConfigError(f"--set {path}: value {short_repr(raw)} is not valid YAML "
+                                  f"({first_line(exc)})") from None
             section, key = parts
             if section not in data:
                 raise ConfigError(unknown_key("config", section, data))
@@ -315,9 +316,9 @@ def _choices(section: str, obj) -> None:
 def _check_env(e: EnvConfig) -> None:
     _choices("env", e)
     _check(e.id.strip() != "", "env.id", "must not be empty")
-    _check(e.num_envs >= 1, "env.num_envs", f"must be >= 1, got {e.num_envs}")
-    _check(e.clip_obs > 0, "env.clip_obs", f"must be > 0, got {e.clip_obs}")
-    _check(e.clip_reward > 0, "env.clip_reward", f"must be > 0, got {e.clip_reward}")
+    _check(e.num_envs >= 1, "env.num_envs", f"must be >= 1, got {short_repr(e.num_envs)}")
+    _check(e.clip_obs > 0, "env.clip_obs", f"must be > 0, got {short_repr(e.clip_obs)}")
+    _check(e.clip_reward > 0, "env.clip_reward", f"must be > 0, got {short_repr(e.clip_reward)}")
 
 
 def _check_policy(p: PolicyConfig) -> None:
@@ -325,29 +326,32 @@ def _check_policy(p: PolicyConfig) -> None:
     for key in ("pi_layers", "vf_layers"):
         layers = getattr(p, key)
         _check(all(n >= 1 for n in layers), f"policy.{key}", f"layer sizes must be >= 1, got {short_repr(layers)}")
-    _check(1 <= p.align <= 1024, "policy.align", f"must be in [1, 1024], got {p.align}")
+    _check(1 <= p.align <= 1024, "policy.align", f"must be in [1, 1024], got {short_repr(p.align)}")
 
 
 def _check_ppo(o: PPOConfig) -> None:
     _choices("ppo", o)
-    _check(o.n_steps >= 1, "ppo.n_steps", f"must be >= 1, got {o.n_steps}")
-    _check(o.n_epochs >= 1, "ppo.n_epochs", f"must be >= 1, got {o.n_epochs}")
+    _check(o.n_steps >= 1, "ppo.n_steps", f"must be >= 1, got {short_repr(o.n_steps)}")
+    _check(o.n_epochs >= 1, "ppo.n_epochs", f"must be >= 1, got {short_repr(o.n_epochs)}")
     if isinstance(o.batch_size, str):
-        _check(o.batch_size == "auto", "ppo.batch_size", f"must be an integer or 'auto', got {short_repr(o.batch_size)}")
-        _check(o.min_batch >= 1, "ppo.min_batch", f"must be >= 1, got {o.min_batch}")
+        _check(o.batch_size == "auto", "ppo.batch_size",
+               f"must be an integer or 'auto', got {short_repr(o.batch_size)}")
+        _check(o.min_batch >= 1, "ppo.min_batch", f"must be >= 1, got {short_repr(o.min_batch)}")
         _check(o.max_batch >= o.min_batch, "ppo.max_batch", f"({o.max_batch}) must be >= ppo.min_batch ({o.min_batch})")
     else:
-        _check(o.batch_size >= 1, "ppo.batch_size", f"must be >= 1, got {o.batch_size}")
-    _check(0.0 <= o.gamma <= 1.0, "ppo.gamma", f"must be in [0, 1], got {o.gamma}")
-    _check(0.0 <= o.gae_lambda <= 1.0, "ppo.gae_lambda", f"must be in [0, 1], got {o.gae_lambda}")
-    _check(o.learning_rate > 0, "ppo.learning_rate", f"must be > 0, got {o.learning_rate}")
-    _check(o.clip_range > 0, "ppo.clip_range", f"must be > 0, got {o.clip_range}")
-    _check(o.clip_range_vf is None or o.clip_range_vf > 0, "ppo.clip_range_vf", f"must be > 0 or null, got {o.clip_range_vf}")
-    _check(o.ent_coef >= 0, "ppo.ent_coef", f"must be >= 0, got {o.ent_coef}")
-    _check(o.vf_coef >= 0, "ppo.vf_coef", f"must be >= 0, got {o.vf_coef}")
-    _check(o.max_grad_norm > 0, "ppo.max_grad_norm", f"must be > 0, got {o.max_grad_norm}")
-    _check(o.target_kl is None or o.target_kl > 0, "ppo.target_kl", f"must be > 0 or null, got {o.target_kl}")
-    _check(o.adam_eps > 0, "ppo.adam_eps", f"must be > 0, got {o.adam_eps}")
+        _check(o.batch_size >= 1, "ppo.batch_size", f"must be >= 1, got {short_repr(o.batch_size)}")
+    _check(0.0 <= o.gamma <= 1.0, "ppo.gamma", f"must be in [0, 1], got {short_repr(o.gamma)}")
+    _check(0.0 <= o.gae_lambda <= 1.0, "ppo.gae_lambda", f"must be in [0, 1], got {short_repr(o.gae_lambda)}")
+    _check(o.learning_rate > 0, "ppo.learning_rate", f"must be > 0, got {short_repr(o.learning_rate)}")
+    _check(o.clip_range > 0, "ppo.clip_range", f"must be > 0, got {short_repr(o.clip_range)}")
+    _check(o.clip_range_vf is None or o.clip_range_vf > 0, "ppo.clip_range_vf",
+           f"must be > 0 or null, got {short_repr(o.clip_range_vf)}")
+    _check(o.ent_coef >= 0, "ppo.ent_coef", f"must be >= 0, got {short_repr(o.ent_coef)}")
+    _check(o.vf_coef >= 0, "ppo.vf_coef", f"must be >= 0, got {short_repr(o.vf_coef)}")
+    _check(o.max_grad_norm > 0, "ppo.max_grad_norm", f"must be > 0, got {short_repr(o.max_grad_norm)}")
+    _check(o.target_kl is None or o.target_kl > 0, "ppo.target_kl",
+           f"must be > 0 or null, got {short_repr(o.target_kl)}")
+    _check(o.adam_eps > 0, "ppo.adam_eps", f"must be > 0, got {short_repr(o.adam_eps)}")
 
 
 def _check_rollout(o: PPOConfig, e: EnvConfig) -> None:
@@ -363,17 +367,17 @@ def _check_rollout(o: PPOConfig, e: EnvConfig) -> None:
 
 def _check_run(r: RunConfig) -> None:
     _check(0 <= r.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {short_repr(r.seed)}")
-    _check(r.total_steps >= 1, "run.total_steps", f"must be >= 1, got {r.total_steps}")
-    _check(r.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {r.checkpoint_every}")
-    _check(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {r.keep_checkpoints}")
-    _check(r.eval_episodes >= 0, "run.eval_episodes", f"must be >= 0, got {r.eval_episodes}")
+    _check(r.total_steps >= 1, "run.total_steps", f"must be >= 1, got {short_repr(r.total_steps)}")
+    _check(r.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {short_repr(r.checkpoint_every)}")
+    _check(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {short_repr(r.keep_checkpoints)}")
+    _check(r.eval_episodes >= 0, "run.eval_episodes", f"must be >= 0, got {short_repr(r.eval_episodes)}")
 
 
 def _check_sandbox(s: SandboxConfig) -> None:
     _choices("sandbox", s)
-    _check(s.threads >= 0, "sandbox.threads", f"must be >= 0 (0: automatic), got {s.threads}")
-    _check(s.device_id >= 0, "sandbox.device_id", f"must be >= 0, got {s.device_id}")
-    _check(s.step_timeout > 0, "sandbox.step_timeout", f"must be > 0, got {s.step_timeout}")
+    _check(s.threads >= 0, "sandbox.threads", f"must be >= 0 (0: automatic), got {short_repr(s.threads)}")
+    _check(s.device_id >= 0, "sandbox.device_id", f"must be >= 0, got {short_repr(s.device_id)}")
+    _check(s.step_timeout > 0, "sandbox.step_timeout", f"must be > 0, got {short_repr(s.step_timeout)}")
     parse_bytes(s.memory_limit, "sandbox.memory_limit")
     worker = parse_bytes(s.worker_memory_limit, "sandbox.worker_memory_limit")
     _check(worker is None or worker >= 256 * 2**20, "sandbox.worker_memory_limit",
@@ -383,18 +387,19 @@ def _check_sandbox(s: SandboxConfig) -> None:
 
 def _check_amp(a: AmpConfig) -> None:
     _choices("amp", a)
-    _check(a.init_scale >= 1, "amp.init_scale", f"must be >= 1 (the scale never backs off below 1), got {a.init_scale}")
-    _check(a.growth_factor >= 1.0, "amp.growth_factor", f"must be >= 1, got {a.growth_factor}")
-    _check(0.0 < a.backoff_factor < 1.0, "amp.backoff_factor", f"must be in (0, 1), got {a.backoff_factor}")
-    _check(a.growth_interval >= 1, "amp.growth_interval", f"must be >= 1, got {a.growth_interval}")
+    _check(a.init_scale >= 1, "amp.init_scale",
+           f"must be >= 1 (the scale never backs off below 1), got {short_repr(a.init_scale)}")
+    _check(a.growth_factor >= 1.0, "amp.growth_factor", f"must be >= 1, got {short_repr(a.growth_factor)}")
+    _check(0.0 < a.backoff_factor < 1.0, "amp.backoff_factor", f"must be in (0, 1), got {short_repr(a.backoff_factor)}")
+    _check(a.growth_interval >= 1, "amp.growth_interval", f"must be >= 1, got {short_repr(a.growth_interval)}")
 
 
 def _check_parallel_section(par: ParallelConfig) -> None:
-    _check(1 <= par.workers <= 1024, "parallel.workers", f"must be in [1, 1024], got {par.workers}")
-    _check(par.timeout > 0, "parallel.timeout", f"must be > 0, got {par.timeout}")
-    _check(par.pipeline_stages >= 1, "parallel.pipeline_stages", f"must be >= 1, got {par.pipeline_stages}")
+    _check(1 <= par.workers <= 1024, "parallel.workers", f"must be in [1, 1024], got {short_repr(par.workers)}")
+    _check(par.timeout > 0, "parallel.timeout", f"must be > 0, got {short_repr(par.timeout)}")
+    _check(par.pipeline_stages >= 1, "parallel.pipeline_stages", f"must be >= 1, got {short_repr(par.pipeline_stages)}")
     _check(par.gradient_accumulation >= 1, "parallel.gradient_accumulation",
-           f"must be >= 1, got {par.gradient_accumulation}")
+           f"must be >= 1, got {short_repr(par.gradient_accumulation)}")
 
 
 _SECTION_CHECKS = {"env": _check_env, "policy": _check_policy, "ppo": _check_ppo, "run": _check_run,

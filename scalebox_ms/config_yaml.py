@@ -156,6 +156,8 @@ def coerce(name: str, tp, value: Any) -> Any:
         raise ConfigError(f"{name}: expected true/false, got {got}")
     if tp is int:
         if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # numpy integers too
+            if abs(int(value)) >= 2**63:  # every integer setting is a count, size or seed that MindSpore holds in int64
+                raise ConfigError(f"{name}: expected a 64-bit integer, got {got}")
             return int(value)
         if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
             return int(value)  # YAML writes 1e5 as a float

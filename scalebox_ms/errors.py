@@ -29,6 +29,14 @@ def short_repr(value, limit: int = 60) -> str:
         size = f"{len(value)} {'chars' if isinstance(value, str) else 'bytes'}"
         if len(value) <= limit and len(text) <= limit:
             return text
+    elif isinstance(value, int):
+        try:
+            text = repr(value)
+        except ValueError:  # beyond Python's int-to-text digit limit
+            return "an integer too long to print"
+        size = f"{len(text)} chars"
+        if len(text) <= limit:
+            return text
     else:
         text = _REPR.repr(value)
         try:

@@ -167,6 +167,7 @@ def test_short_repr_and_the_message_cap():
     cut = short_repr("x" * 10**6, limit=20)
     assert cut.endswith("... (1000000 chars)") and len(cut) < 50
     assert short_repr(list(range(1000))).endswith("... (list of 1000 items)")
+    assert short_repr(-10**200).endswith("... (202 chars)") and "print" in short_repr(10**9000)
     nested = ["lol"]
     for _ in range(30):  # 2**30 leaves if expanded: short_repr must not expand it
         nested = [nested, nested]
@@ -183,6 +184,8 @@ def test_short_repr_and_the_message_cap():
     {"sandbox": {"memory_limit": "9" * 10**6 + "XB"}},
     {"env": {"kwargs": ["x" * 10**6]}},
     {"ppo": {"n" * 10**6: 1}},
+    {"env": {"num_envs": -10**4000}},
+    {"ppo": {"batch_size": 10**5000}},  # more digits than Python will print
 ])
 def test_a_huge_value_gives_a_short_message(data):
     with pytest.raises(ConfigError) as exc:
