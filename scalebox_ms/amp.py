@@ -26,6 +26,14 @@
    checkpoint and are the same on every data-parallel rank (the finite check runs after the gradient
    all-reduce).
 
+   The finite check is ``mindspore.amp.all_finite`` (:func:`all_finite`), which runs inside the compiled update
+   graph on CPU, GPU and Ascend (on Ascend it reads the device's overflow status). MindSpore's
+   ``amp.DynamicLossScaler`` is not used for the scale update (:func:`update_scale`): it takes one integer
+   ``scale_factor`` for both growth and backoff (backoff is ``1 / scale_factor``), so the separate
+   ``growth_factor`` / ``backoff_factor`` of the ``amp:`` section (e.g. grow by 2, back off by 0.25) cannot be
+   expressed; it counts no skipped steps; and its Parameters are named ``scale_value`` / ``counter``, which would
+   change the names (``amp.loss_scale``, ``amp.good_steps``, ``amp.skipped_steps``) that checkpoints store.
+
 Backends: on CPU float16 runs (correct, but slower than float32: there are no fp16 matrix units); bfloat16
 MatMul is not supported on CPU, which :func:`check_backend` reports at start-up. On Ascend/GPU float16 is the
 fast path.
@@ -36,12 +44,11 @@ from typing import Optional
 
 import mindspore as ms
 import numpy as np
+from mindspore import amp as ms_amp
 from mindspore import ops
 
+from .config import checked_section
 from .errors import ConfigError
-
-LEVELS = ("O0", "O1", "O2", "O3")
-DTYPES = ("float16", "bfloat16")
 
 
 class AutoMixedPrecision:
@@ -49,28 +56,20 @@ class AutoMixedPrecision:
 
     def __init__(self, level: str = "O2", dtype: str = "float16", init_scale: float = 2.0 ** 10,
                  growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000):
-        if level not in LEVELS:
-            raise ConfigError(f"amp.level: {level!r} is not one of {', '.join(LEVELS)}")
-        if dtype not in DTYPES:
-            raise ConfigError(f"amp.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-        if not init_scale >= 1:
-            raise ConfigError(f"amp.init_scale: must be >= 1 (the scale never backs off below 1), got {init_scale}")
-        if not growth_factor >= 1.0:
-            raise ConfigError(f"amp.growth_factor: must be >= 1, got {growth_factor}")
-        if not 0.0 < backoff_factor < 1.0:
-            raise ConfigError(f"amp.backoff_factor: must be in (0, 1), got {backoff_factor}")
-        if int(growth_interval) < 1:
-            raise ConfigError(f"amp.growth_interval: must be >= 1, got {growth_interval}")
-        self.level = level
-        self.dtype = dtype
-        self.init_scale = float(init_scale)
-        self.growth_factor = float(growth_factor)
-        self.backoff_factor = float(backoff_factor)
-        self.growth_interval = int(growth_interval)
+        # the amp: section's own checks (scalebox_ms.config), so direct construction is refused the same way
+        cfg = checked_section("amp", level=level, dtype=dtype, init_scale=init_scale, growth_factor=growth_factor,
+                              backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self.level = cfg.level
+        self.dtype = cfg.dtype
+        self.init_scale = cfg.init_scale
+        self.growth_factor = cfg.growth_factor
+        self.backoff_factor = cfg.backoff_factor
+        self.growth_interval = cfg.growth_interval
 
     @classmethod
     def from_config(cls, amp_cfg) -> Optional["AutoMixedPrecision"]:
-        """None for level O0 (no casting, no loss scaling: the float32 graph is unchanged)."""
+        """None for level O0 (no casting, no loss scaling: the float32 graph is unchanged). ``amp_cfg`` is the
+        ``amp:`` section (checked again by the constructor, so a hand-built section is refused the same way)."""
         if amp_cfg is None or amp_cfg.level == "O0":
             return None
         return cls(amp_cfg.level, amp_cfg.dtype, amp_cfg.init_scale, amp_cfg.growth_factor,
@@ -139,9 +138,8 @@ class LossScaler:
 
 
 def all_finite(grads):
-    """True when every element of every gradient is finite (one reduction over the concatenated grads)."""
-    flat = ops.concat([g.reshape(-1) for g in grads])
-    return ops.isfinite(flat).all()
+    """Scalar bool Tensor: every element of every gradient is finite (``mindspore.amp.all_finite``)."""
+    return ms_amp.all_finite(tuple(grads))
 
 
 def update_scale(scale, good_steps, skipped, finite, amp: AutoMixedPrecision):

@@ -1,24 +1,28 @@
 """Typed run configuration.
 
 A run is described by one :class:`Config` made of dataclass sections (``env``, ``policy``, ``ppo``,
-``run``, ``sandbox``). YAML files map onto it key by key; ``--set section.key=value`` overrides use YAML
-syntax for the value. Unknown keys, wrong types and bad values raise :class:`ConfigError` naming the key.
+``run``, ``sandbox``, ``amp``, ``parallel``). YAML files map onto it key by key; ``--set section.key=value``
+overrides use YAML syntax for the value. Both are read by :func:`scalebox_ms.config_yaml.load_yaml`, which
+refuses duplicate keys and alias bombs. Unknown keys, wrong types and bad values raise :class:`ConfigError`
+naming the key; user values in messages are shortened (:func:`scalebox_ms.errors.short_repr`).
+
+All checks of config values live here, in :func:`validate`: one function per section plus the checks that
+relate sections. Classes that users may also build by hand (``AutoMixedPrecision``, ``Sandbox``, ``ActorCritic``)
+run their section's checks on their arguments through :func:`checked_section` rather than repeating them.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 import yaml
 
-from .errors import ConfigError
+from .config_yaml import first_line, load_yaml, set_field, unknown_key
+from .errors import ConfigError, short_repr
 
 
 @dataclass
@@ -179,14 +183,14 @@ class Config:
         sections = {f.name: f for f in dataclasses.fields(cls)}
         for name, value in data.items():
             if name not in sections:
-                raise ConfigError(_unknown("config", name, sections))
+                raise ConfigError(unknown_key("config", name, sections))
             if value is None:
                 continue
             if not isinstance(value, dict):
                 raise ConfigError(f"config: section '{name}' must be a mapping, got {type(value).__name__}")
             section = getattr(cfg, name)
             for key, v in value.items():
-                _set_field(section, name, key, v)
+                set_field(section, name, key, v)
         validate(cfg)
         return cfg
 
@@ -195,18 +199,19 @@ class Config:
         data = self.to_dict()
         for item in overrides:
             if "=" not in item:
-                raise ConfigError(f"--set {item!r}: expected section.key=value")
+                raise ConfigError(f"--set {short_repr(item)}: expected section.key=value")
             path, raw = item.split("=", 1)
             parts = path.strip().split(".")
             if len(parts) != 2 or not all(parts):
-                raise ConfigError(f"--set {item!r}: key must be section.key, e.g. ppo.n_steps=64")
+                raise ConfigError(f"--set {short_repr(item)}: key must be section.key, e.g. ppo.n_steps=64")
             try:
-                value = yaml.safe_load(raw)
+                value = load_yaml(raw, f"--set {path.strip()}", lines=False)
             except yaml.YAMLError as exc:
-                raise ConfigError(f"--set {path}: value {raw!r} is not valid YAML ({_first_line(exc)})") from None
+                raise ConfigError(f"--set {path}: value {short_repr(raw)} is not valid YAML "
+                                  f"({first_line(exc)})") from None
             section, key = parts
             if section not in data:
-                raise ConfigError(_unknown("config", section, data))
+                raise ConfigError(unknown_key("config", section, data))
             data[section][key] = value
         return Config.from_dict(data)
 
@@ -218,13 +223,13 @@ def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> C
     else:
         try:
             with open(path, "r", encoding="utf-8") as f:
-                data = yaml.safe_load(f)
+                data = load_yaml(f, f"config file {path}")
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except IsADirectoryError:
             raise ConfigError(f"config file is a directory: {path}") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: invalid YAML ({_first_line(exc)})") from None
+            raise ConfigError(f"config file {path}: invalid YAML ({first_line(exc)})") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {path}: not UTF-8 text") from None
         except OSError as exc:
@@ -265,83 +270,145 @@ def parse_bytes(text: Optional[str], key: str) -> Optional[int]:
     except ValueError:
         value = -1.0
     if unit not in units or value <= 0 or not math.isfinite(value) or int(value * units[unit]) < 1:
-        raise ConfigError(f"{key}: expected a size like '512MB' or '16GB', got {text!r}")
+        raise ConfigError(f"{key}: expected a size like '512MB' or '16GB', got {short_repr(text)}")
     return int(value * units[unit])
 
 
 def validate(cfg: Config) -> None:
-    e, p, o, r, s = cfg.env, cfg.policy, cfg.ppo, cfg.run, cfg.sandbox
-    for (section, key), choices in _CHOICES.items():
-        value = getattr(getattr(cfg, section), key)
-        if value not in choices:
-            raise ConfigError(f"{section}.{key}: {value!r} is not one of {', '.join(choices)}")
-    _check(e.id.strip() != "", "env.id", "must not be empty")
-    _check(e.num_envs >= 1, "env.num_envs", f"must be >= 1, got {e.num_envs}")
+    """Every check of a config value (one message per key, naming it): each section's own checks, then the
+    checks that relate sections. Classes that library users may build directly validate their arguments with
+    :func:`checked_section`, which runs the same section checks."""
+    for name, check in _SECTION_CHECKS.items():
+        check(getattr(cfg, name))
+    _check_rollout(cfg.ppo, cfg.env)
+    _check_parallel(cfg)
+    e, s = cfg.env, cfg.sandbox
     if e.backend == "native":
         from .envs.native import SUPPORTED
 
-        _check(e.id in SUPPORTED, "env.backend", f"native has no {e.id!r} (it has {', '.join(SUPPORTED)})")
+        _check(e.id in SUPPORTED, "env.backend", f"native has no {short_repr(e.id)} (it has {', '.join(SUPPORTED)})")
         _check(not e.kwargs, "env.kwargs", "not supported with env.backend native")
         _check(s.isolation_level == "none", "sandbox.isolation_level",
                "process isolation applies to gymnasium envs; native envs run inside MindSpore graphs")
-    _check(e.clip_obs > 0, "env.clip_obs", f"must be > 0, got {e.clip_obs}")
-    _check(e.clip_reward > 0, "env.clip_reward", f"must be > 0, got {e.clip_reward}")
+    _check(cfg.policy.act_kernel != "custom" or cfg.amp.level == "O0", "policy.act_kernel",
+           f"the custom kernel computes in float32 and cannot run a model cast by amp.level {cfg.amp.level}; "
+           "use act_kernel builtin or auto")
+
+
+def checked_section(name: str, **values):
+    """The ``name`` section dataclass with ``values`` set, type-converted and checked exactly as a config file's
+    (:class:`ConfigError` naming ``name.key``), e.g. ``checked_section("amp", level="O2", growth_interval=0)``
+    raises ``amp.growth_interval: must be >= 1, got 0``. For classes users may construct directly
+    (:class:`~scalebox_ms.amp.AutoMixedPrecision`, :class:`~scalebox_ms.sandbox.Sandbox`, the actor-critic)."""
+    section = {f.name: f.default_factory for f in dataclasses.fields(Config)}[name]()
+    for key, value in values.items():
+        set_field(section, name, key, value)
+    _SECTION_CHECKS[name](section)
+    return section
+
+
+def _choices(section: str, obj) -> None:
+    for (where, key), choices in _CHOICES.items():
+        if where == section and getattr(obj, key) not in choices:
+            raise ConfigError(f"{section}.{key}: {short_repr(getattr(obj, key))} is not one of {', '.join(choices)}")
+
+
+def _check_env(e: EnvConfig) -> None:
+    _choices("env", e)
+    _check(e.id.strip() != "", "env.id", "must not be empty")
+    _check(e.num_envs >= 1, "env.num_envs", f"must be >= 1, got {short_repr(e.num_envs)}")
+    _check(e.clip_obs > 0, "env.clip_obs", f"must be > 0, got {short_repr(e.clip_obs)}")
+    _check(e.clip_reward > 0, "env.clip_reward", f"must be > 0, got {short_repr(e.clip_reward)}")
+
+
+def _check_policy(p: PolicyConfig) -> None:
+    _choices("policy", p)
     for key in ("pi_layers", "vf_layers"):
         layers = getattr(p, key)
-        _check(all(n >= 1 for n in layers), f"policy.{key}", f"layer sizes must be >= 1, got {layers}")
-    _check(1 <= p.align <= 1024, "policy.align", f"must be in [1, 1024], got {p.align}")
-    _check(o.n_steps >= 1, "ppo.n_steps", f"must be >= 1, got {o.n_steps}")
-    _check(o.n_epochs >= 1, "ppo.n_epochs", f"must be >= 1, got {o.n_epochs}")
-    rollout = o.n_steps * e.num_envs
+        _check(all(n >= 1 for n in layers), f"policy.{key}", f"layer sizes must be >= 1, got {short_repr(layers)}")
+    _check(1 <= p.align <= 1024, "policy.align", f"must be in [1, 1024], got {short_repr(p.align)}")
+
+
+def _check_ppo(o: PPOConfig) -> None:
+    _choices("ppo", o)
+    _check(o.n_steps >= 1, "ppo.n_steps", f"must be >= 1, got {short_repr(o.n_steps)}")
+    _check(o.n_epochs >= 1, "ppo.n_epochs", f"must be >= 1, got {short_repr(o.n_epochs)}")
     if isinstance(o.batch_size, str):
-        _check(o.batch_size == "auto", "ppo.batch_size", f"must be an integer or 'auto', got {o.batch_size!r}")
-        _check(o.min_batch >= 1, "ppo.min_batch", f"must be >= 1, got {o.min_batch}")
+        _check(o.batch_size == "auto", "ppo.batch_size",
+               f"must be an integer or 'auto', got {short_repr(o.batch_size)}")
+        _check(o.min_batch >= 1, "ppo.min_batch", f"must be >= 1, got {short_repr(o.min_batch)}")
         _check(o.max_batch >= o.min_batch, "ppo.max_batch", f"({o.max_batch}) must be >= ppo.min_batch ({o.min_batch})")
+    else:
+        _check(o.batch_size >= 1, "ppo.batch_size", f"must be >= 1, got {short_repr(o.batch_size)}")
+    _check(0.0 <= o.gamma <= 1.0, "ppo.gamma", f"must be in [0, 1], got {short_repr(o.gamma)}")
+    _check(0.0 <= o.gae_lambda <= 1.0, "ppo.gae_lambda", f"must be in [0, 1], got {short_repr(o.gae_lambda)}")
+    _check(o.learning_rate > 0, "ppo.learning_rate", f"must be > 0, got {short_repr(o.learning_rate)}")
+    _check(o.clip_range > 0, "ppo.clip_range", f"must be > 0, got {short_repr(o.clip_range)}")
+    _check(o.clip_range_vf is None or o.clip_range_vf > 0, "ppo.clip_range_vf",
+           f"must be > 0 or null, got {short_repr(o.clip_range_vf)}")
+    _check(o.ent_coef >= 0, "ppo.ent_coef", f"must be >= 0, got {short_repr(o.ent_coef)}")
+    _check(o.vf_coef >= 0, "ppo.vf_coef", f"must be >= 0, got {short_repr(o.vf_coef)}")
+    _check(o.max_grad_norm > 0, "ppo.max_grad_norm", f"must be > 0, got {short_repr(o.max_grad_norm)}")
+    _check(o.target_kl is None or o.target_kl > 0, "ppo.target_kl",
+           f"must be > 0 or null, got {short_repr(o.target_kl)}")
+    _check(o.adam_eps > 0, "ppo.adam_eps", f"must be > 0, got {short_repr(o.adam_eps)}")
+
+
+def _check_rollout(o: PPOConfig, e: EnvConfig) -> None:
+    rollout = o.n_steps * e.num_envs
+    if o.batch_size == "auto":
         _check(any(rollout % b == 0 for b in range(o.min_batch, min(o.max_batch, rollout) + 1)), "ppo.batch_size",
                f"auto: no size in [ppo.min_batch, ppo.max_batch] = [{o.min_batch}, {o.max_batch}] divides "
                f"ppo.n_steps * env.num_envs ({rollout})")
     else:
-        _check(o.batch_size >= 1, "ppo.batch_size", f"must be >= 1, got {o.batch_size}")
         _check(rollout % o.batch_size == 0, "ppo.batch_size",
                f"({o.batch_size}) must divide ppo.n_steps * env.num_envs ({rollout})")
-    _check(0.0 <= o.gamma <= 1.0, "ppo.gamma", f"must be in [0, 1], got {o.gamma}")
-    _check(0.0 <= o.gae_lambda <= 1.0, "ppo.gae_lambda", f"must be in [0, 1], got {o.gae_lambda}")
-    _check(o.learning_rate > 0, "ppo.learning_rate", f"must be > 0, got {o.learning_rate}")
-    _check(o.clip_range > 0, "ppo.clip_range", f"must be > 0, got {o.clip_range}")
-    _check(o.clip_range_vf is None or o.clip_range_vf > 0, "ppo.clip_range_vf", f"must be > 0 or null, got {o.clip_range_vf}")
-    _check(o.ent_coef >= 0, "ppo.ent_coef", f"must be >= 0, got {o.ent_coef}")
-    _check(o.vf_coef >= 0, "ppo.vf_coef", f"must be >= 0, got {o.vf_coef}")
-    _check(o.max_grad_norm > 0, "ppo.max_grad_norm", f"must be > 0, got {o.max_grad_norm}")
-    _check(o.target_kl is None or o.target_kl > 0, "ppo.target_kl", f"must be > 0 or null, got {o.target_kl}")
-    _check(o.adam_eps > 0, "ppo.adam_eps", f"must be > 0, got {o.adam_eps}")
-    _check(0 <= r.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {r.seed}")
-    _check(r.total_steps >= 1, "run.total_steps", f"must be >= 1, got {r.total_steps}")
-    _check(r.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {r.checkpoint_every}")
-    _check(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {r.keep_checkpoints}")
-    _check(r.eval_episodes >= 0, "run.eval_episodes", f"must be >= 0, got {r.eval_episodes}")
-    _check(s.threads >= 0, "sandbox.threads", f"must be >= 0 (0: automatic), got {s.threads}")
-    _check(s.device_id >= 0, "sandbox.device_id", f"must be >= 0, got {s.device_id}")
-    _check(s.step_timeout > 0, "sandbox.step_timeout", f"must be > 0, got {s.step_timeout}")
-    a = cfg.amp
-    _check(a.init_scale >= 1, "amp.init_scale", f"must be >= 1 (the scale never backs off below 1), got {a.init_scale}")
-    _check(a.growth_factor >= 1.0, "amp.growth_factor", f"must be >= 1, got {a.growth_factor}")
-    _check(0.0 < a.backoff_factor < 1.0, "amp.backoff_factor", f"must be in (0, 1), got {a.backoff_factor}")
-    _check(a.growth_interval >= 1, "amp.growth_interval", f"must be >= 1, got {a.growth_interval}")
-    _validate_parallel(cfg)
+
+
+def _check_run(r: RunConfig) -> None:
+    _check(0 <= r.seed < 2**32, "run.seed", f"must be in [0, 2**32), got {short_repr(r.seed)}")
+    _check(r.total_steps >= 1, "run.total_steps", f"must be >= 1, got {short_repr(r.total_steps)}")
+    _check(r.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {short_repr(r.checkpoint_every)}")
+    _check(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {short_repr(r.keep_checkpoints)}")
+    _check(r.eval_episodes >= 0, "run.eval_episodes", f"must be >= 0, got {short_repr(r.eval_episodes)}")
+
+
+def _check_sandbox(s: SandboxConfig) -> None:
+    _choices("sandbox", s)
+    _check(s.threads >= 0, "sandbox.threads", f"must be >= 0 (0: automatic), got {short_repr(s.threads)}")
+    _check(s.device_id >= 0, "sandbox.device_id", f"must be >= 0, got {short_repr(s.device_id)}")
+    _check(s.step_timeout > 0, "sandbox.step_timeout", f"must be > 0, got {short_repr(s.step_timeout)}")
     parse_bytes(s.memory_limit, "sandbox.memory_limit")
     worker = parse_bytes(s.worker_memory_limit, "sandbox.worker_memory_limit")
     _check(worker is None or worker >= 256 * 2**20, "sandbox.worker_memory_limit",
-           f"must be at least 256MB (a Python worker with gymnasium needs ~100 MB), got {s.worker_memory_limit!r}")
+           f"must be at least 256MB (a Python worker with gymnasium needs ~100 MB), got "
+           f"{short_repr(s.worker_memory_limit)}")
 
 
-def _validate_parallel(cfg: Config) -> None:
+def _check_amp(a: AmpConfig) -> None:
+    _choices("amp", a)
+    _check(a.init_scale >= 1, "amp.init_scale",
+           f"must be >= 1 (the scale never backs off below 1), got {short_repr(a.init_scale)}")
+    _check(a.growth_factor >= 1.0, "amp.growth_factor", f"must be >= 1, got {short_repr(a.growth_factor)}")
+    _check(0.0 < a.backoff_factor < 1.0, "amp.backoff_factor", f"must be in (0, 1), got {short_repr(a.backoff_factor)}")
+    _check(a.growth_interval >= 1, "amp.growth_interval", f"must be >= 1, got {short_repr(a.growth_interval)}")
+
+
+def _check_parallel_section(par: ParallelConfig) -> None:
+    _check(1 <= par.workers <= 1024, "parallel.workers", f"must be in [1, 1024], got {short_repr(par.workers)}")
+    _check(par.timeout > 0, "parallel.timeout", f"must be > 0, got {short_repr(par.timeout)}")
+    _check(par.pipeline_stages >= 1, "parallel.pipeline_stages", f"must be >= 1, got {short_repr(par.pipeline_stages)}")
+    _check(par.gradient_accumulation >= 1, "parallel.gradient_accumulation",
+           f"must be >= 1, got {short_repr(par.gradient_accumulation)}")
+
+
+_SECTION_CHECKS = {"env": _check_env, "policy": _check_policy, "ppo": _check_ppo, "run": _check_run,
+                   "sandbox": _check_sandbox, "amp": _check_amp, "parallel": _check_parallel_section}
+
+
+def _check_parallel(cfg: Config) -> None:
     par, e, o = cfg.parallel, cfg.env, cfg.ppo
     w = par.workers
-    _check(1 <= w <= 1024, "parallel.workers", f"must be in [1, 1024], got {w}")
-    _check(par.timeout > 0, "parallel.timeout", f"must be > 0, got {par.timeout}")
-    _check(par.pipeline_stages >= 1, "parallel.pipeline_stages", f"must be >= 1, got {par.pipeline_stages}")
-    _check(par.gradient_accumulation >= 1, "parallel.gradient_accumulation",
-           f"must be >= 1, got {par.gradient_accumulation}")
     if w > 1:
         _check(e.num_envs % w == 0, "env.num_envs", f"({e.num_envs}) must be divisible by parallel.workers ({w})")
         _check(o.batch_size != "auto", "ppo.batch_size", "'auto' is not supported with parallel.workers > 1")
@@ -374,77 +441,3 @@ def micro_batches(cfg: Config) -> int:
 def _check(ok: bool, key: str, msg: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {msg}")
-
-
-def _unknown(where: str, key: str, known) -> str:
-    names = list(known)
-    hint = difflib.get_close_matches(str(key), names, n=1)
-    suffix = f" (did you mean '{hint[0]}'?)" if hint else f" (known: {', '.join(names)})"
-    return f"{where}: unknown key '{key}'{suffix}"
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
-def _set_field(section_obj, section: str, key: str, value: Any) -> None:
-    fields = {f.name: f for f in dataclasses.fields(section_obj)}
-    if key not in fields:
-        raise ConfigError(_unknown(section, key, fields))
-    hints = typing.get_type_hints(type(section_obj))
-    setattr(section_obj, key, _coerce(f"{section}.{key}", hints[key], value))
-
-
-def _coerce(name: str, tp, value: Any) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin is typing.Union:  # Optional[X] or Union[int, str]
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return _coerce(name, options[0], value)
-        for option in options:
-            try:
-                return _coerce(name, option, value)
-            except ConfigError:
-                pass
-        names = {int: "an integer", float: "a number", str: "a string", bool: "true/false"}
-        raise ConfigError(f"{name}: expected {' or '.join(names.get(o, str(o)) for o in options)}, got {value!r}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{name}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            return int(value)  # YAML writes 1e5 as a float
-        raise ConfigError(f"{name}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(float(value)):
-                raise ConfigError(f"{name}: expected a finite number, got {value!r}")
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
-                f = float(value)
-            except ValueError:
-                pass
-            else:
-                if math.isfinite(f):
-                    return f
-        raise ConfigError(f"{name}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{name}: expected a string, got {value!r}")
-    if origin in (list, List):
-        if not isinstance(value, list):
-            raise ConfigError(f"{name}: expected a list, got {value!r}")
-        return [_coerce(f"{name}[{i}]", args[0], v) for i, v in enumerate(value)]
-    if origin in (dict, Dict):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{name}: expected a mapping, got {value!r}")
-        return copy.deepcopy(value)
-    raise TypeError(f"unsupported config field type {tp} for {name}")  # programming error

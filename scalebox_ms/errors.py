@@ -1,11 +1,69 @@
 """Exceptions with one-line messages that name the culprit.
 
-The CLIs turn these into ``error: <message>`` on stderr and exit code 2.
+The CLIs turn these into ``error: <message>`` on stderr and exit code 2. A message never exceeds
+:data:`MAX_MESSAGE` characters (longer ones are cut, with their length noted), and messages that quote a user's
+value quote it through :func:`short_repr`, so a hostile or mistaken value cannot make an error line huge.
 """
+from __future__ import annotations
+
+import reprlib
+
+#: longest error message, in characters
+MAX_MESSAGE = 500
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = 8
+_REPR.maxlong = _REPR.maxother = 100
+
+
+def short_repr(value, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, with an ellipsis and the original length when cut.
+
+    ``short_repr("x" * 10**6, 8)`` is ``'xxxxxxx... (1000000 chars)``; containers show their first items and
+    their size (``[0, 1, 2, 3, 4, 5, 6, 7, ...]... (list of 1000 items)``). Time and memory do not grow with the
+    value's size.
+    """
+    if isinstance(value, (str, bytes, bytearray)):
+        text = repr(value[: limit + 1])
+        size = f"{len(value)} {'chars' if isinstance(value, str) else 'bytes'}"
+        if len(value) <= limit and len(text) <= limit:
+            return text
+    elif isinstance(value, int):
+        try:
+            text = repr(value)
+        except ValueError:  # beyond Python's int-to-text digit limit
+            return "an integer too long to print"
+        size = f"{len(text)} chars"
+        if len(text) <= limit:
+            return text
+    else:
+        text = _REPR.repr(value)
+        try:
+            size = f"{type(value).__name__} of {len(value)} items"
+            cut = len(value) > _REPR.maxlist
+        except Exception:  # no len(): only the text's length is known
+            size, cut = f"{len(text)} chars", False
+        if len(text) <= limit and not cut:
+            return text
+    return f"{text[:limit]}... ({size})"
+
+
+def cap_message(message: str) -> str:
+    """``message`` cut to :data:`MAX_MESSAGE` characters (with its original length noted) when longer."""
+    if len(message) <= MAX_MESSAGE:
+        return message
+    note = f"... ({len(message)} chars)"
+    return message[: MAX_MESSAGE - len(note)] + note
 
 
 class ScaleboxError(Exception):
-    """Base class for user-facing errors of scalebox_ms."""
+    """Base class for user-facing errors of scalebox_ms; the message is capped at :data:`MAX_MESSAGE` characters."""
+
+    def __init__(self, *args):
+        if args and isinstance(args[0], str):
+            args = (cap_message(args[0]),) + args[1:]
+        super().__init__(*args)
 
 
 class ConfigError(ScaleboxError, ValueError):

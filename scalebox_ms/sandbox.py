@@ -31,7 +31,7 @@ import numpy as np
 from .errors import ConfigError, ScaleboxError
 
 # Must be set before MindSpore starts its runtime: without host-blocking runs, compiled steps on a
-# few-core CPU thrash threads (DESIGN.md: ~7,500 -> ~100 context switches per step, 5x faster updates).
+# few-core CPU thrash threads (many more context switches per step and much slower updates).
 os.environ.setdefault("MS_DEV_HOST_BLOCKING_RUN", "1")
 os.environ.setdefault("GLOG_v", "3")  # MindSpore C++ log level: errors only
 
@@ -76,28 +76,32 @@ class Sandbox:
         seed: seeds Python's ``random``, numpy's global RNG and ``mindspore.set_seed``.
         threads: CPU kernel threads (0: MindSpore's default).
         deterministic: request deterministic kernels where the backend offers them.
+        memory_limit, isolation_level, device_id, worker_memory_limit, step_timeout: as in the ``sandbox:``
+            config section; every argument is checked by the config's own checks (a bad one raises
+            :class:`ConfigError` naming ``sandbox.<key>`` or ``run.seed``).
     """
 
     def __init__(self, device: str = "auto", seed: int = 0, threads: int = 0, deterministic: bool = True,
                  memory_limit: Optional[str] = None, isolation_level: str = "none", device_id: int = 0,
                  worker_memory_limit: Optional[str] = "2GB", step_timeout: float = 10.0):
         global _active
+        from .config import checked_section, parse_bytes
+
+        # the sandbox: section's own checks (scalebox_ms.config), so direct construction is refused the same way
+        cfg = checked_section("sandbox", device=device.lower() if isinstance(device, str) else device,
+                              threads=threads, deterministic=deterministic, memory_limit=memory_limit,
+                              isolation_level=isolation_level, device_id=device_id,
+                              worker_memory_limit=worker_memory_limit, step_timeout=step_timeout)
+        seed = checked_section("run", seed=seed).seed
+        device, threads, device_id, isolation_level = cfg.device, cfg.threads, cfg.device_id, cfg.isolation_level
+        self.isolation_level = isolation_level
+        self.memory_limit_bytes = parse_bytes(cfg.memory_limit, "sandbox.memory_limit")
+        self.worker_memory_limit_bytes = (parse_bytes(cfg.worker_memory_limit, "sandbox.worker_memory_limit")
+                                          if isolation_level == "strict" else None)
+        self.step_timeout = cfg.step_timeout
+        deterministic = cfg.deterministic or isolation_level == "strict"
         import mindspore as ms
 
-        from .config import parse_bytes
-
-        if isolation_level not in ("none", "process", "strict"):
-            raise ConfigError(f"sandbox.isolation_level: {isolation_level!r} is not one of none, process, strict")
-        self.isolation_level = isolation_level
-        self.memory_limit_bytes = parse_bytes(memory_limit, "sandbox.memory_limit")
-        self.worker_memory_limit_bytes = (parse_bytes(worker_memory_limit, "sandbox.worker_memory_limit")
-                                          if isolation_level == "strict" else None)
-        self.step_timeout = float(step_timeout)
-        if isolation_level == "strict":
-            deterministic = True
-        device = str(device).lower()
-        if device not in ("auto",) + tuple(_BACKENDS):
-            raise ConfigError(f"sandbox.device: {device!r} is not one of auto, cpu, gpu, ascend")
         if device == "auto":
             target = next(t for t in ("Ascend", "GPU", "CPU") if t == "CPU" or _available(t))
         else:
@@ -105,8 +109,8 @@ class Sandbox:
             if not _available(target):
                 raise ConfigError(
                     f"sandbox.device: {device!r} is not available in this MindSpore build/machine; use 'cpu' or 'auto'")
-        settings = {"device": target, "device_id": int(device_id), "threads": int(threads),
-                    "deterministic": bool(deterministic), "memory_limit": self.memory_limit_bytes}
+        settings = {"device": target, "device_id": device_id, "threads": threads,
+                    "deterministic": deterministic, "memory_limit": self.memory_limit_bytes}
         if _active is not None and _active != settings:
             raise ConfigError(
                 f"sandbox: this process is already configured as {_active}; a Sandbox with {settings} conflicts "
@@ -114,21 +118,21 @@ class Sandbox:
         if _active is None:
             ms.set_context(device_target=target)
             if threads > 0 and target == "CPU":
-                ms.device_context.cpu.op_tuning.threads_num(int(threads))
+                ms.device_context.cpu.op_tuning.threads_num(threads)
             # threads of the C++ update kernel (scalebox_ms.ops.custom) unless the user set them: this sandbox's
             # thread count, else the CPUs this process may run on (affinity / container limits, not all cores)
-            os.environ.setdefault("SCALEBOX_MS_KERNEL_THREADS", str(int(threads) if threads > 0 else _usable_cpus()))
+            os.environ.setdefault("SCALEBOX_MS_KERNEL_THREADS", str(threads if threads > 0 else _usable_cpus()))
             if deterministic:
                 ms.set_context(deterministic="ON")
             if target != "CPU":
-                ms.set_context(device_id=int(device_id))
+                ms.set_context(device_id=device_id)
                 if self.memory_limit_bytes:
                     ms.runtime.set_memory(max_size=f"{self.memory_limit_bytes / 2**30:.3f}GB")
             _active = settings
         self.device = target
-        self.threads = int(threads)
-        self.deterministic = bool(deterministic)
-        self.seed = int(seed)
+        self.threads = threads
+        self.deterministic = deterministic
+        self.seed = seed
         self.reseed(self.seed)
 
     def reseed(self, seed: int) -> None:

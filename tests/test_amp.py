@@ -152,3 +152,22 @@ def test_a_real_fp16_overflow_is_skipped_not_taken_for_a_kl_stop():
     assert m["early_stopped"] == 0 and m["n_updates"] == 0
     assert m["loss_scale"] == 2.0 ** 36 and m["amp_skipped_steps"] == 4
     tr.close()
+
+
+def test_all_finite_inside_a_graph_sees_inf_nan_and_fp16_overflow():
+    """The update step's finite check (mindspore.amp.all_finite) inside a compiled graph, over several tensors."""
+    from scalebox_ms.amp import all_finite
+
+    @ms.jit
+    def check(a, b):
+        return all_finite((a * 2, b))
+
+    ok = np.ones((3, 2), np.float32)
+    assert bool(check(ms.Tensor(ok), ms.Tensor(ok[0])).asnumpy())
+    for bad in (np.inf, -np.inf, np.nan):
+        b = ok[0].copy()
+        b[1] = bad
+        assert not bool(check(ms.Tensor(ok), ms.Tensor(b)).asnumpy())
+    half = np.array([[40000.0, 1.0]], np.float16)  # doubling overflows float16 to inf inside the graph
+    assert not bool(check(ms.Tensor(half), ms.Tensor(np.ones(2, np.float16))).asnumpy())
+    assert bool(check(ms.Tensor(half / 2), ms.Tensor(np.ones(2, np.float16))).asnumpy())

@@ -97,3 +97,166 @@ def test_packaged_presets_load():
     assert cart.ppo.lr_schedule == cart.ppo.clip_schedule == "linear"
     with open(os.path.join(cfg_dir, "ppo_cartpole.yaml")) as f:
         assert yaml.safe_load(f)["run"]["total_steps"] == 100000
+
+
+# ---------------------------------------------------------------------- hostile YAML: alias bombs, duplicate keys
+def _laughs(levels=9, width=9):
+    """A 'billion laughs' config: a few hundred bytes that expand to width**levels strings in env.kwargs."""
+    lines = ["env:", "  kwargs:", "    l0: &l0 [" + ",".join(["lol"] * width) + "]"]
+    for i in range(1, levels):
+        lines.append(f"    l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_billion_laughs_file_is_refused_before_expanding(tmp_path):
+    path = tmp_path / "laughs.yaml"
+    path.write_text(_laughs())
+    assert path.stat().st_size < 500
+    with pytest.raises(ConfigError) as exc:
+        load_config(str(path))
+    msg = str(exc.value)
+    assert msg.startswith(f"config file {path}: env.kwargs.") and "expands to more than" in msg
+    assert "\n" not in msg and len(msg) < 300
+
+
+@pytest.mark.parametrize("value, culprit", [
+    ("&a {x: *a}", "recursive alias"),
+    ("&a [1, *a]", "recursive alias"),
+    ("{a: " * 40 + "1" + "}" * 40, "nested deeper than"),
+    ("{n: " + "9" * 5000 + "}", "--set env.kwargs: Exceeds the limit"),
+])
+def test_set_values_refuse_recursive_and_huge_yaml(value, culprit):
+    with pytest.raises(ConfigError) as exc:
+        Config().with_overrides([f"env.kwargs={value}"])
+    assert culprit in str(exc.value) and len(str(exc.value)) <= 500
+
+
+def test_aliases_and_merge_keys_within_the_bound_still_work(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("env:\n  kwargs:\n    base: &b {a: 1, b: [1, 2]}\n    copy: *b\n    over: {<<: *b, a: 2}\n")
+    kwargs = load_config(str(path)).env.kwargs
+    assert kwargs["copy"] == {"a": 1, "b": [1, 2]} and kwargs["over"] == {"a": 2, "b": [1, 2]}
+
+
+@pytest.mark.parametrize("text, culprit", [
+    ("env:\n  id: Acrobot-v1\n  num_envs: 2\n  id: CartPole-v1\n", "duplicate key 'env.id' (lines 2 and 4)"),
+    ("ppo: {n_steps: 8}\nrun: {seed: 1}\nppo: {n_epochs: 2}\n", "duplicate key 'ppo' (lines 1 and 3)"),
+    ("env:\n  kwargs: {a: 1, b: 2, a: 3}\n", "duplicate key 'env.kwargs.a' (lines 2 and 2)"),
+])
+def test_duplicate_keys_in_a_file_are_errors(tmp_path, text, culprit):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(str(path))
+    assert str(exc.value).startswith(f"config file {path}: ") and culprit in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_duplicate_keys_in_set_values_are_errors():
+    with pytest.raises(ConfigError, match=r"^--set env\.kwargs: duplicate key 'render_mode'"):
+        Config().with_overrides(["env.kwargs={render_mode: rgb_array, render_mode: human}"])
+    with pytest.raises(ConfigError, match=r"^--set policy\.pi_layers: duplicate key '\[0\]\.a'"):
+        Config().with_overrides(["policy.pi_layers=[{a: 1, a: 2}]"])
+
+
+# ---------------------------------------------------------------------- error lines stay short
+def test_short_repr_and_the_message_cap():
+    from scalebox_ms.errors import MAX_MESSAGE, ScaleboxError, short_repr
+
+    assert short_repr("abc") == "'abc'" and short_repr(0.5) == "0.5" and short_repr([1, 2]) == "[1, 2]"
+    cut = short_repr("x" * 10**6, limit=20)
+    assert cut.endswith("... (1000000 chars)") and len(cut) < 50
+    assert short_repr(list(range(1000))).endswith("... (list of 1000 items)")
+    assert short_repr(-10**200).endswith("... (202 chars)") and "print" in short_repr(10**9000)
+    nested = ["lol"]
+    for _ in range(30):  # 2**30 leaves if expanded: short_repr must not expand it
+        nested = [nested, nested]
+    assert len(short_repr(nested)) < 100
+    msg = str(ScaleboxError("k: " + "y" * 10**6))
+    assert len(msg) <= MAX_MESSAGE and msg.endswith("(1000003 chars)")
+
+
+@pytest.mark.parametrize("data", [
+    {"env": {"num_envs": "9" * 10**6}},
+    {"ppo": {"lr_schedule": "c" * 10**6}},
+    {"ppo": {"batch_size": "a" * 10**6}},
+    {"policy": {"pi_layers": [64, "w" * 10**6]}},
+    {"sandbox": {"memory_limit": "9" * 10**6 + "XB"}},
+    {"env": {"kwargs": ["x" * 10**6]}},
+    {"ppo": {"n" * 10**6: 1}},
+    {"env": {"num_envs": -10**4000}},
+    {"ppo": {"batch_size": 10**5000}},  # more digits than Python will print
+])
+def test_a_huge_value_gives_a_short_message(data):
+    with pytest.raises(ConfigError) as exc:
+        Config.from_dict(data)
+    msg = str(exc.value)
+    assert len(msg) <= 400 and "\n" not in msg  # under the 500-char cap: the value itself is shortened
+
+
+def test_huge_set_item_gives_a_short_message():
+    with pytest.raises(ConfigError) as exc:
+        Config().with_overrides(["ppo.n_epochs=[" + "1, " * 10**5])
+    assert str(exc.value).startswith("--set ppo.n_epochs: value '[1, 1,") and len(str(exc.value)) <= 300
+
+
+@pytest.mark.integration
+def test_cli_refuses_a_billion_laughs_file_with_one_short_line(tmp_path):
+    from conftest import run_module
+
+    path = tmp_path / "laughs.yaml"
+    path.write_text(_laughs(levels=5))  # 9**5 strings: enough to be refused, small enough for any older code path
+    r = run_module("train", "--config", str(path), "--no-progress", timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith(f"error: config file {path}: env.kwargs.") and len(r.stderr) < 600
+
+
+# ---------------------------------------------------------------------- one set of checks for configs and classes
+def test_custom_act_kernel_with_amp_is_refused_at_config_time():
+    with pytest.raises(ConfigError, match=r"^policy\.act_kernel: the custom kernel computes in float32"):
+        Config.from_dict({"policy": {"act_kernel": "custom"}, "amp": {"level": "O2"}})
+
+
+@pytest.mark.parametrize("kwargs, culprit", [
+    ({"threads": -1}, "sandbox.threads: must be >= 0"),
+    ({"step_timeout": 0}, "sandbox.step_timeout: must be > 0"),
+    ({"isolation_level": "strict", "worker_memory_limit": "10MB"}, "sandbox.worker_memory_limit: must be at least"),
+    ({"device": "tpu"}, "sandbox.device: 'tpu' is not one of"),
+    ({"deterministic": "yes"}, "sandbox.deterministic: expected true/false"),
+    ({"seed": -1}, "run.seed: must be in [0, 2**32)"),
+])
+def test_sandbox_arguments_get_the_config_checks(kwargs, culprit):
+    from scalebox_ms.sandbox import Sandbox
+
+    with pytest.raises(ConfigError) as exc:
+        Sandbox(**kwargs)
+    assert str(exc.value).startswith(culprit)
+
+
+@pytest.mark.parametrize("kwargs, culprit", [
+    ({"activation": "gelu"}, "policy.activation: 'gelu' is not one of tanh, relu"),
+    ({"pi_layers": (64, 0)}, "policy.pi_layers: layer sizes must be >= 1"),
+    ({"vf_layers": (64, "wide")}, "policy.vf_layers[1]: expected an integer"),
+    ({"layer": "sparse"}, "policy.layer: 'sparse' is not one of dense, fused"),
+    ({"layer": "fused", "align": 0}, "policy.align: must be in [1, 1024]"),
+])
+def test_actor_critic_arguments_get_the_config_checks(kwargs, culprit):
+    from scalebox_ms.envs.spaces import SpaceSpec
+    from scalebox_ms.models import ActorCritic
+
+    with pytest.raises(ConfigError) as exc:
+        ActorCritic(SpaceSpec(4, True, 2), **kwargs)
+    assert str(exc.value).startswith(culprit)
+
+
+@pytest.mark.parametrize("kwargs, culprit", [
+    ({"growth_interval": "often"}, "amp.growth_interval: expected an integer"),
+    ({"init_scale": float("nan")}, "amp.init_scale: expected a finite number"),
+    ({"dtype": "float8"}, "amp.dtype: 'float8' is not one of float16, bfloat16"),
+])
+def test_amp_arguments_get_the_config_checks(kwargs, culprit):
+    from scalebox_ms.amp import AutoMixedPrecision
+
+    with pytest.raises(ConfigError) as exc:
+        AutoMixedPrecision("O2", **kwargs)
+    assert str(exc.value).startswith(culprit)

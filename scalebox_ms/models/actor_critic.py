@@ -25,14 +25,12 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Orthogonal, Zero, initializer
 
 from ..envs.spaces import SpaceSpec
-from ..errors import CheckpointError, ConfigError, CustomOpError
+from ..config import checked_section
+from ..errors import CheckpointError, ConfigError, CustomOpError, short_repr
 from ..ops import distributions as D
 from ..ops.fused import FusedDense, fused_mlp, pad_to
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
-
-
-LAYERS = ("dense", "fused")
 
 
 def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, ortho: bool, out_gain: float,
@@ -40,15 +38,14 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, activation: str, ortho: bo
     """[Dense, Act, Dense, Act, ..., Dense] (``layer='dense'``) or the FusedDense equivalent (``'fused'``).
 
     Both draw their initial weights with the same initializer calls in the same order, so under the same
-    MindSpore seed they start with the same logical weights.
+    MindSpore seed they start with the same logical weights. Arguments are taken as checked
+    (:class:`ActorCritic` checks them with the ``policy:`` section's checks).
     """
     dims = [in_dim] + list(hidden) + [out_dim]
     gains = [math.sqrt(2.0) if ortho else None] * len(hidden) + [out_gain if ortho else None]
     inits = [_inits(dims[i], dims[i + 1], g) for i, g in enumerate(gains)]
     if layer == "fused":
         return fused_mlp(dims, activation, align, inits)
-    if layer != "dense":
-        raise ConfigError(f"policy.layer: {layer!r} is not one of {', '.join(LAYERS)}")
     layers = []
     for i, (w_init, b_init) in enumerate(inits):
         layers.append(nn.Dense(dims[i], dims[i + 1], weight_init=w_init, bias_init=b_init))
@@ -79,15 +76,19 @@ class ActorCritic(nn.Cell):
     def __init__(self, spec: SpaceSpec, pi_layers=(64, 64), vf_layers=(64, 64), activation: str = "tanh",
                  ortho_init: bool = True, log_std_init: float = 0.0, layer: str = "dense", align: int = 16):
         super().__init__()
+        # the policy: section's own checks (scalebox_ms.config), so direct construction is refused the same way
+        cfg = checked_section("policy", pi_layers=list(pi_layers), vf_layers=list(vf_layers), activation=activation,
+                              ortho_init=ortho_init, log_std_init=log_std_init, layer=layer, align=align)
         self.spec = spec
         self.discrete = spec.discrete
-        self.activation = activation
-        self.layer = layer
-        self.align = int(align)
-        self.pi_net = mlp(spec.obs_dim, list(pi_layers), spec.action_dim, activation, ortho_init, 0.01, layer, align)
-        self.vf_net = mlp(spec.obs_dim, list(vf_layers), 1, activation, ortho_init, 1.0, layer, align)
+        self.activation = cfg.activation
+        self.layer = cfg.layer
+        self.align = cfg.align
+        self.pi_net = mlp(spec.obs_dim, cfg.pi_layers, spec.action_dim, cfg.activation, cfg.ortho_init, 0.01,
+                          cfg.layer, cfg.align)
+        self.vf_net = mlp(spec.obs_dim, cfg.vf_layers, 1, cfg.activation, cfg.ortho_init, 1.0, cfg.layer, cfg.align)
         if not self.discrete:
-            self.log_std = Parameter(Tensor(np.full(spec.action_dim, log_std_init, np.float32)), name="log_std")
+            self.log_std = Parameter(Tensor(np.full(spec.action_dim, cfg.log_std_init, np.float32)), name="log_std")
             self.low = Tensor(np.asarray(spec.low, np.float32))
             self.high = Tensor(np.asarray(spec.high, np.float32))
         self._layouts: dict[str, tuple[tuple, tuple]] | None = None
@@ -237,7 +238,7 @@ class ActStep(nn.Cell):
     def __init__(self, model: ActorCritic, packed: bool = False, kernel: str = "builtin"):
         super().__init__(auto_prefix=False)
         if kernel not in ACT_KERNELS:
-            raise ConfigError(f"act kernel: {kernel!r} is not one of {', '.join(ACT_KERNELS)}")
+            raise ConfigError(f"act kernel: {short_repr(kernel)} is not one of {', '.join(ACT_KERNELS)}")
         self.model = model
         self.packed = packed
         self.kernel = kernel
@@ -301,16 +302,12 @@ def build_model(spec: SpaceSpec, policy_cfg) -> ActorCritic:
                        align=getattr(policy_cfg, "align", 16))
 
 
-# 'auto' acting kernel rule, measured by benchmarks/acting_kernels.py (results/acting_kernels.json) on the 2-core
-# CPU box (MindSpore 2.10, AVX-512): CartPole 4-64-64-2 acting call, median us per call (packed output to numpy):
-#   batch        8     64    256   1024   4096
-#   builtin    365    491    634   1020   3676
-#   custom     184    202    262    495   1527    (0.41-0.50x of builtin at every measured batch)
-# The custom kernel is one launch instead of ~25 (the fixed cost that dominates small batches) and computes
-# single-threaded at ~0.35 us per CartPole sample; it won at every measured batch, so 'auto' picks it up to the
-# largest measured one and keeps builtin beyond (unmeasured; many-core machines parallelise the builtin
-# matmuls). The bound is expressed in multiply-adds per call (batch x MACs per sample of the policy and value
-# MLPs) so other MLP sizes scale from the CartPole measurement: custom where batch * macs <= AUTO_CUSTOM_MAX_MACS.
+# 'auto' acting kernel rule (measurements: docs/custom_ops.md, from benchmarks/acting_kernels.py): the custom
+# kernel is one launch instead of ~25 (the fixed cost that dominates small batches) and computes single-threaded;
+# it was faster at every measured CartPole batch, so 'auto' picks it up to the largest measured one and keeps
+# builtin beyond (unmeasured; many-core machines parallelise the builtin matmuls). The bound is expressed in
+# multiply-adds per call (batch x MACs per sample of the policy and value MLPs) so other MLP sizes scale from the
+# CartPole measurement: custom where batch * macs <= AUTO_CUSTOM_MAX_MACS.
 _CARTPOLE_MACS = (4 * 64 + 64 * 64 + 64 * 2) + (4 * 64 + 64 * 64 + 64 * 1)
 AUTO_CUSTOM_MAX_BATCH = 4096  # largest measured CartPole batch at which the custom kernel was faster
 AUTO_CUSTOM_MAX_MACS = AUTO_CUSTOM_MAX_BATCH * _CARTPOLE_MACS
@@ -330,10 +327,9 @@ def resolve_act_kernel(model: ActorCritic, choice: str, num_envs: int) -> str:
     'auto' picks 'custom' only on CPU, with a compiler or a cached kernel, and where the measured rule above
     says it is faster; 'builtin' everywhere else.
     """
+    choice = checked_section("policy", act_kernel=choice).act_kernel
     if choice in ACT_KERNELS:
         return choice
-    if choice != "auto":
-        raise ConfigError(f"policy.act_kernel: {choice!r} is not one of builtin, custom, auto")
     from ..ops.custom import kernel_available
 
     if ms.get_context("device_target") != "CPU" or getattr(model, "amp_level", "O0") != "O0" or not kernel_available():
