@@ -22,7 +22,7 @@ from .build import func_spec
 
 KERNEL = "fused_actor_mlp"
 _ACT_IDS = {"tanh": 0, "relu": 1}
-_MAX_LAYERS = 16  # kMaxLayers in fused_actor_mlp.cc
+_MAX_LAYERS = 16  # kMaxLayers in mlp.h
 
 
 def _describe(model):

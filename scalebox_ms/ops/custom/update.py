@@ -56,7 +56,7 @@ from .build import KERNELS, func_spec, library_path
 KERNEL = "ppo_update"
 KERNELS.setdefault(KERNEL, ("ppo_update.cc", "PPOUpdate"))  # registered here: build.py is shared code
 _ACT_IDS = {"tanh": 0, "relu": 1}
-_MAX_LAYERS = 16  # kMaxLayers in ppo_update.cc
+_MAX_LAYERS = 16  # kMaxLayers in mlp.h
 N_STATS = 9
 EPOCHS_SYMBOL = "PPOUpdateEpochs"  # second entry point of ppo_update.cc: all minibatches of an update in one call
 
