@@ -40,8 +40,9 @@ inline void adam(float *w, float *m, float *v, const float *g, int64_t n, float 
 
 // The optimizer step from the blocks' partial gradients (pi, vf: one LayerBuf vector per block; log_std: one
 // double vector per block, unused for discrete actions): combine, clip by the global norm, Adam (in place).
-void apply_update(Ctx &c, const std::vector<std::vector<LayerBuf> *> &bpi,
-                  const std::vector<std::vector<LayerBuf> *> &bvf, const std::vector<const std::vector<double> *> &bls) {
+using BlockGrads = std::vector<std::vector<LayerBuf> *>;
+void apply_update(Ctx &c, const BlockGrads &bpi, const BlockGrads &bvf,
+                  const std::vector<const std::vector<double> *> &bls) {
   const int act_dim = c.act_dim, NB = static_cast<int>(bls.size());
   combine_grads(c.pi, bpi);  // block order 0, 1, ..., NB-1
   combine_grads(c.vf, bvf);
