@@ -459,7 +459,7 @@ def test_headers_are_in_the_cache_key_and_no_cpp_file_is_long(monkeypatch, tmp_p
 # ---- kernel return codes as CustomOpError ---------------------------------------------------------------------------
 
 def _bad_call_setup(case):
-    """(kernel, twin kernel, features, actions, good indices, scalars, step) from identical weights."""
+    """(single, epochs, step_b, step_c, features, actions, scalars): kernels B, C on models of identical weights."""
     spec, cfg, (a, b, c), (step_a, step_b, step_c), single, epochs = _triple(case)
     features, actions = _rollout(a, spec, seed=51)
     scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, cfg.clip_range_vf or 0.0, 10.0)]

@@ -1,5 +1,5 @@
 // Return codes of the scalebox_ms C++ kernels (MindSpore raises a RuntimeError "... is N" for any code but 0;
-// scalebox_ms/ops/custom/errors.py maps each to a CustomOpError message, and a test checks the two list the same
+// scalebox_ms/ops/custom/status.py maps each to a CustomOpError message, and a test checks the two list the same
 // codes), and `guarded`, which turns C++ exceptions into codes: an exception leaving an aot kernel would call
 // std::terminate and kill the process. Part of every kernel's cache key (build.py hashes *.h).
 #pragma once
