@@ -1,8 +1,8 @@
 """PPO minibatch update latency: builtin PPOUpdateStep (MindSpore ops) vs the C++ PPOUpdateKernel.
 
 One call = one minibatch step: gather, forward, PPO loss, backward, grad-norm clip, Adam (PPOUpdateStep launches
-~220 MindSpore kernels; PPOUpdateKernel one). Timed from the Python call to the numpy copy of the (9,) stats
-vector. Models: CartPole's default actor-critic (obs 4, pi 64-64-2, vf 64-64-1, tanh) and a continuous one
+~220 MindSpore kernels; PPOUpdateKernel one). Timed from the Python call to the numpy copy of the (N_STATS,)
+stats vector. Models: CartPole's default actor-critic (obs 4, pi 64-64-2, vf 64-64-1, tanh) and a continuous one
 (obs 3, pi 64-64-1 Gaussian, vf 64-64-1, tanh); rollout of max(4096, batch) rows, minibatches of 64 / 256 / 1024 /
 4096 / 16384 gathered by random indices, default PPOConfig (max_grad_norm 0.5, no value clipping, no target_kl).
 Variants: ``builtin``, ``kernel`` (default threads: SCALEBOX_MS_KERNEL_THREADS or the hardware threads capped at
@@ -101,8 +101,8 @@ UPDATE_VARIANTS = ("builtin", "kernel", "run_epochs")
 
 
 def build_update(model_name: str):
-    """{variant: fn(perms) -> (n_mb, 9) stats} over three models from identical weights, and the max deviation of
-    run_epochs from the builtin sequence (after checking it equals the single kernel calls exactly)."""
+    """{variant: fn(perms) -> (n_mb, N_STATS) stats} over three models from identical weights, and the max
+    deviation of run_epochs from the builtin sequence (after checking it equals the single kernel calls exactly)."""
     import mindspore as ms
     import numpy as np
 
@@ -110,6 +110,7 @@ def build_update(model_name: str):
     from scalebox_ms.models import SpaceSpec
     from scalebox_ms.models.actor_critic import ActorCritic
     from scalebox_ms.ops.custom import PPOUpdateKernel
+    from scalebox_ms.ops.layout import N_STATS
     from scalebox_ms.trainers.ppo_update import PPOUpdateStep, pack_features
 
     discrete = model_name == "cartpole-discrete"
@@ -138,7 +139,7 @@ def build_update(model_name: str):
         return run
 
     def one_call(perms):
-        return epochs.run_epochs(features, actions, ms.Tensor(perms), *scalars).asnumpy()[:, :9]
+        return epochs.run_epochs(features, actions, ms.Tensor(perms), *scalars).asnumpy()[:, :N_STATS]
 
     fns = {"builtin": calls(builtin), "kernel": calls(kernel), "run_epochs": one_call}
     perms = np.stack([rng.permutation(rows) for _ in range(UPDATE_MB)]).astype(np.int32)

@@ -161,3 +161,19 @@ def test_act_kernel_resolution_follows_the_measured_rule():
     assert build_act_step(model, small_config().policy, 8).kernel == "builtin"
     with pytest.raises(ConfigError, match="act kernel"):
         ActStep(model, kernel="cuda")
+
+
+def test_kernel_return_code_is_a_custom_op_error():
+    """An observation batch of the wrong width reaches the kernel (its output shape does not depend on it): code 5
+    as a one-line CustomOpError; the kernel works again with the right width."""
+    spec, kw = CASES["discrete-2x64-tanh-dense"]
+    model = ActorCritic(spec, **kw)
+    kernel = FusedActorKernel(model)
+    obs, noise = _inputs(spec, 8, 0)
+    want = kernel(obs, noise).asnumpy()
+    wide = Tensor(np.zeros((8, spec.obs_dim + 1), np.float32))
+    with pytest.raises(CustomOpError) as err:
+        kernel(wide, noise)
+    assert str(err.value).startswith("custom op 'fused_actor_mlp': an input has the wrong shape")
+    assert str(err.value).endswith("(kernel return code 5)") and "\n" not in str(err.value)
+    np.testing.assert_array_equal(kernel(obs, noise).asnumpy(), want)

@@ -397,3 +397,168 @@ def test_large_minibatch_threads(case, monkeypatch):
     np.testing.assert_allclose(got[2], want, rtol=1e-4, atol=2e-6)
     _assert_state_close(steps[0], steps[2], "2 threads vs builtin")
     assert int(_state(steps[2])["global_step"][0]) == len(idx) and (got[2][1:, 5] > 0).all()
+
+
+# ---- the C++ mirrors of the Python names, and the build inputs ------------------------------------------------------
+
+CUSTOM_DIR = os.path.dirname(build.__file__)
+
+
+def _header_constants(name):
+    """{identifier: int} of the ``constexpr int kX = N;`` lines and enumerators ``kX = N,`` of a header."""
+    import re
+
+    with open(os.path.join(CUSTOM_DIR, name)) as f:
+        text = f.read()
+    return {m[1]: int(m[2]) for m in re.finditer(r"\b(k\w+)\s*=\s*(-?\d+)\s*[;,]", text)}
+
+
+def _camel(name):
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def test_layout_header_mirrors_layout_py():
+    """layout.h names every column of ops/layout.py, name for name, with the same values, and nothing else."""
+    from scalebox_ms.ops import layout
+
+    want = {f"kFeat{_camel(n)}": getattr(layout.FEAT, n) for n in layout.FEATURE_COLUMNS}
+    want.update({f"kStat{_camel(n)}": getattr(layout.STAT, n) for n in layout.STAT_COLUMNS})
+    want.update(kNFeatures=layout.N_FEATURES, kNStats=layout.N_STATS, kRan=layout.RAN)
+    assert _header_constants("layout.h") == want
+
+
+def test_status_codes_match_the_message_table():
+    """status.h's return codes are exactly the codes ops/custom/status.py has a message for."""
+    from scalebox_ms.ops.custom.status import MESSAGES
+
+    codes = _header_constants("status.h")
+    assert codes.pop("kOk") == 0
+    assert sorted(codes.values()) == sorted(MESSAGES)
+
+
+def test_headers_are_in_the_cache_key_and_no_cpp_file_is_long(monkeypatch, tmp_path):
+    """Every header a kernel includes lies next to it (shipped as ops/custom/*.h) and is part of the cache key; a
+    changed header means a new library. C++ files stay under 450 lines."""
+    import re
+
+    names = {os.path.basename(h) for h in build.headers()}
+    sources = [src for src, _ in build.KERNELS.values()]
+    for path in sources + sorted(names):
+        with open(os.path.join(CUSTOM_DIR, path)) as f:
+            text = f.read()
+        assert set(re.findall(r'#include "([^"]+)"', text)) <= names, path
+        assert text.count("\n") < 450, path
+    key = build.library_path("ppo_update", build=False)
+    extra = tmp_path / "extra.h"
+    extra.write_text("// changed\n")
+    real = build.headers()
+    monkeypatch.setattr(build, "headers", lambda: sorted([*real, str(extra)]))
+    assert build.library_path("ppo_update", build=False) != key
+
+
+# ---- kernel return codes as CustomOpError ---------------------------------------------------------------------------
+
+def _bad_call_setup(case):
+    """(single, epochs, step_b, step_c, features, actions, scalars): kernels B, C on models of identical weights."""
+    spec, cfg, (a, b, c), (step_a, step_b, step_c), single, epochs = _triple(case)
+    features, actions = _rollout(a, spec, seed=51)
+    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, cfg.clip_range_vf or 0.0, 10.0)]
+    return single, epochs, step_b, step_c, features, actions, scalars
+
+
+@pytest.mark.parametrize("entry", ["call", "run_epochs"])
+def test_bad_minibatch_index_raises_custom_op_error(entry):
+    """An index outside the rollout: CustomOpError naming it and code 8, nothing written, the kernel usable after."""
+    single, epochs, step_b, step_c, features, actions, scalars = _bad_call_setup("continuous-relu")
+    idx = np.arange(MB, dtype=np.int32)
+    bad = idx.copy()
+    bad[7] = N + 3
+    call = epochs if entry == "call" else epochs.run_epochs
+    shape = (-1,) if entry == "call" else (1, -1)
+    before = _state(step_c)
+    with pytest.raises(CustomOpError) as err:
+        call(features, actions, Tensor(bad.reshape(shape)), *scalars)
+    msg = str(err.value)
+    assert msg == f"custom op 'ppo_update': minibatch index {N + 3} is outside the rollout of {N} rows " \
+                  f"(kernel return code 8)"
+    after = _state(step_c)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    # still usable: the same good call on both kernels (identical weights) gives identical results
+    twin = single if entry == "call" else single.run_epochs
+    got = call(features, actions, Tensor(idx.reshape(shape)), *scalars).asnumpy()
+    np.testing.assert_array_equal(got, twin(features, actions, Tensor(idx.reshape(shape)), *scalars).asnumpy())
+    _assert_state_equal(step_b, step_c, "after a failed call")
+
+
+def test_bad_discrete_action_raises_custom_op_error():
+    single, epochs, step_b, step_c, features, actions, scalars = _bad_call_setup("discrete-relu-vclip-nonorm")
+    wrong = actions.asnumpy().copy()
+    wrong[11] = 3  # DISC3: actions 0, 1, 2
+    idx = Tensor(np.arange(MB, dtype=np.int32))
+    for call in (epochs, lambda *a: epochs.run_epochs(a[0], a[1], Tensor(a[2].asnumpy()[None]), *a[3:])):
+        with pytest.raises(CustomOpError) as err:
+            call(features, Tensor(wrong), idx, *scalars)
+        assert str(err.value) == "custom op 'ppo_update': discrete action 3 is outside the action space of 3 " \
+                                 "actions (kernel return code 9)"
+    np.testing.assert_array_equal(epochs(features, actions, idx, *scalars).asnumpy(),
+                                  single(features, actions, idx, *scalars).asnumpy())
+    _assert_state_equal(step_b, step_c, "after failed calls")
+
+
+def test_return_code_messages():
+    """MindSpore's RuntimeError text is parsed for the code; unknown text passes through as None."""
+    from scalebox_ms.ops.custom.status import MESSAGES, kernel_error
+
+    text = ("Return value from CPU AOT kernel(/c/ppo_update-0a.so)'s function(PPOUpdateEpochs) is {}. Any return "
+            "value not equal to 0 will be treated as user defined error code")
+    for code, what in MESSAGES.items():
+        err = kernel_error(RuntimeError(text.format(code)))
+        assert isinstance(err, CustomOpError) and "\n" not in str(err)
+        assert str(err) == f"custom op 'ppo_update': {what} (kernel return code {code})"
+    assert kernel_error(RuntimeError("Invalid output number")) is None
+    assert kernel_error(RuntimeError(text.replace("PPOUpdateEpochs", "SomeoneElses").format(8))) is None
+
+
+# ---- the configuration guard ----------------------------------------------------------------------------------------
+
+def test_every_config_field_is_classified():
+    """Each field of PPOConfig and PolicyConfig is either implemented by the kernel or outside the update; a new
+    field fails here until someone decides which (and, if the kernel must implement it, implements it)."""
+    from dataclasses import fields
+
+    from scalebox_ms.config import PolicyConfig
+    from scalebox_ms.ops.custom.update import KERNEL_IMPLEMENTS, OUTSIDE_THE_UPDATE
+
+    names = {f"ppo.{f.name}" for f in fields(PPOConfig)} | {f"policy.{f.name}" for f in fields(PolicyConfig)}
+    assert not KERNEL_IMPLEMENTS & OUTSIDE_THE_UPDATE
+    assert names - (KERNEL_IMPLEMENTS | OUTSIDE_THE_UPDATE) == set(), "unclassified config fields"
+    assert (KERNEL_IMPLEMENTS | OUTSIDE_THE_UPDATE) - names == set(), "classified fields that do not exist"
+
+
+def test_unknown_config_option_is_refused():
+    """A config subclass with a loss option the kernel does not know: fine at its default, refused otherwise."""
+    from dataclasses import dataclass
+
+    from scalebox_ms.config import PolicyConfig
+    from scalebox_ms.ops.custom.update import unsupported_settings
+
+    @dataclass
+    class PPOConfigPlus(PPOConfig):
+        new_loss_term: float = 0.0
+
+    @dataclass
+    class PolicyConfigPlus(PolicyConfig):
+        head_norm: bool = False
+
+    model = ActorCritic(DISC)
+    opt = nn.Adam(model.trainable_params())
+    assert unsupported_settings(PPOConfigPlus(ent_coef=0.3, n_steps=8), PolicyConfigPlus(pi_layers=[8])) == []
+    PPOUpdateKernel(model, opt, PPOConfigPlus(), policy_cfg=PolicyConfigPlus())
+    cfg, policy = PPOConfigPlus(new_loss_term=0.5), PolicyConfigPlus(head_norm=True)
+    assert unsupported_settings(cfg) == ["ppo.new_loss_term=0.5"]
+    assert unsupported_settings(cfg, policy) == ["ppo.new_loss_term=0.5", "policy.head_norm=True"]
+    with pytest.raises(CustomOpError, match=r"^custom op 'ppo_update': does not implement ppo\.new_loss_term=0\.5; "):
+        PPOUpdateKernel(model, opt, cfg)
+    with pytest.raises(CustomOpError, match=r"policy\.head_norm=True"):
+        PPOUpdateKernel(model, opt, PPOConfigPlus(), policy_cfg=policy)

@@ -44,6 +44,6 @@ __all__ = [
     "stats",
 ]
 
-from .update import PPOUpdateKernel  # noqa: E402  (the whole PPO minibatch update as one kernel)
+from .update import PPOUpdateKernel, unsupported_settings  # noqa: E402  (the whole PPO update as one kernel)
 
-__all__ += ["PPOUpdateKernel"]
+__all__ += ["PPOUpdateKernel", "unsupported_settings"]

@@ -9,6 +9,9 @@ steps or ``ops.assign`` restores). Works for ``nn.Dense`` and ``FusedDense`` MLP
 the storage row stride). There is no backward: the Custom op is registered without a bprop, so asking MindSpore
 for a gradient through it raises ``RuntimeError: ... Custom's bprop not defined`` (at graph compile time under
 ``@ms.jit``, at the call in PyNative); it can only serve acting, never the PPO update.
+
+A kernel that fails returns a code (``status.h``; e.g. 5: an observation batch of the wrong width) and a direct
+call raises ``CustomOpError("custom op 'fused_actor_mlp': <what went wrong> (kernel return code N)")``.
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ from mindspore import Tensor, nn, ops
 from ...errors import CustomOpError
 from ..fused import mlp_layers
 from .build import func_spec
+from .status import custom_op_errors
 
 KERNEL = "fused_actor_mlp"
-_ACT_IDS = {"tanh": 0, "relu": 1}
-_MAX_LAYERS = 16  # kMaxLayers in fused_actor_mlp.cc
+ACT_IDS = {"tanh": 0, "relu": 1}  # enum Activation in mlp.h
+MAX_LAYERS = 16  # kMaxLayers in mlp.h
 
 
 def _describe(model):
@@ -31,17 +35,17 @@ def _describe(model):
     if not pi or not vf:
         raise CustomOpError(f"custom op {KERNEL!r}: {type(model).__name__} has no Dense/FusedDense policy and value MLPs")
     hidden_acts = {layer.activation for layer in pi[:-1] + vf[:-1]}
-    if len(hidden_acts) > 1 or not hidden_acts <= set(_ACT_IDS) or pi[-1].activation or vf[-1].activation:
+    if len(hidden_acts) > 1 or not hidden_acts <= set(ACT_IDS) or pi[-1].activation or vf[-1].activation:
         raise CustomOpError(f"custom op {KERNEL!r}: needs one hidden activation (tanh or relu) and linear heads, got "
                             f"{sorted(map(str, hidden_acts))}")
-    if len(pi) > _MAX_LAYERS or len(vf) > _MAX_LAYERS:
-        raise CustomOpError(f"custom op {KERNEL!r}: at most {_MAX_LAYERS} layers per MLP")
+    if len(pi) > MAX_LAYERS or len(vf) > MAX_LAYERS:
+        raise CustomOpError(f"custom op {KERNEL!r}: at most {MAX_LAYERS} layers per MLP")
     spec = model.spec
     if pi[0].in_features != spec.obs_dim or vf[0].in_features != spec.obs_dim or pi[-1].out_features != spec.action_dim \
             or vf[-1].out_features != 1:
         raise CustomOpError(f"custom op {KERNEL!r}: MLP sizes do not match the spaces (obs {spec.obs_dim}, "
                             f"actions {spec.action_dim})")
-    act = _ACT_IDS[hidden_acts.pop()] if hidden_acts else 0
+    act = ACT_IDS[hidden_acts.pop()] if hidden_acts else 0
     meta = [len(pi), len(vf), int(spec.discrete), act, spec.obs_dim, spec.action_dim]
     meta += [layer.out_features for layer in pi] + [layer.out_features for layer in vf]
     return np.asarray(meta, np.int32), pi, vf
@@ -65,6 +69,12 @@ class FusedActorKernel(nn.Cell):
         width = self.width + 2
         self.op = ops.Custom(func_spec(KERNEL), out_shape=lambda obs, *rest: (obs[0], width),
                              out_dtype=lambda obs, *rest: obs, func_type="aot")
+
+    def __call__(self, obs, noise):
+        # a direct call: the kernel's return code as a CustomOpError (inside another graph, e.g. ActStep, that
+        # graph's call raises MindSpore's RuntimeError; status.custom_op_errors translates it)
+        with custom_op_errors():
+            return super().__call__(obs, noise)
 
     def construct(self, obs, noise):
         return self.op(obs, noise, self.meta, self.log_std, *self.params)

@@ -2,9 +2,10 @@
 
 * Cache directory: ``$SCALEBOX_MS_CUSTOM_OPS_CACHE``, else ``~/.cache/scalebox_ms/custom_ops/``.
 * Compiler: ``$CXX`` (may carry arguments, e.g. ``"ccache g++"``), else ``g++``.
-* Key: SHA-256 of the kernel source, the compiler command, the flags and the CPU identity (the flags include
-  ``-march=native``, so a shared home directory on different CPUs gets one library per CPU model). A cached
-  library is used without looking for a compiler; a changed source or flag set builds a new file.
+* Key: SHA-256 of the kernel source and every header next to it (names and contents), the compiler command, the
+  flags and the CPU identity (the flags include ``-march=native``, so a shared home directory on different CPUs
+  gets one library per CPU model). A cached library is used without looking for a compiler; a changed source,
+  header or flag set builds a new file.
 * Atomic: the compiler writes a temporary file in the cache directory which ``os.replace`` moves into place,
   so concurrent processes and crashes never leave a half-written ``.so`` under the final name.
 * No compiler, a failed compile, or a cache outside ``MS_CUSTOM_AOT_WHITE_LIST`` (MindSpore's allow-list of
@@ -69,6 +70,12 @@ def source_path(name: str) -> str:
     return os.path.join(HERE, KERNELS[name][0])
 
 
+def headers() -> list:
+    """The C++ headers next to the kernels (``simd.h``, ``mlp.h``, ``layout.h``, ...), sorted: all of them are
+    hashed into every kernel's cache key and shipped as package data (``ops/custom/*.h``)."""
+    return sorted(glob.glob(os.path.join(HERE, "*.h")))
+
+
 def library_path(name: str, build: bool = True) -> str:
     """Path of the compiled ``.so`` for kernel ``name``; compiles it into the cache if missing (``build``)."""
     src = source_path(name)
@@ -77,9 +84,9 @@ def library_path(name: str, build: bool = True) -> str:
             source = f.read()
     except OSError as exc:
         raise CustomOpError(f"custom op {name!r}: kernel source {src} is missing ({exc.strerror})") from None
-    for header in sorted(glob.glob(os.path.join(HERE, "*.h"))):  # shared helpers (simd.h) are part of the key
+    for header in headers():  # every header (shared or kernel-specific) is part of every kernel's key
         with open(header, "rb") as f:
-            source += b"\0" + f.read()
+            source += b"\0" + os.path.basename(header).encode() + b"\0" + f.read()
     cmd = compiler_command()
     key = hashlib.sha256(b"\0".join([source, " ".join(cmd).encode(), " ".join(CXX_FLAGS).encode(),
                                      _cpu_identity().encode()])).hexdigest()[:20]

@@ -1,6 +1,8 @@
-// Shared SIMD helpers of the scalebox_ms C++ kernels (included inside each kernel's anonymous namespace, after
-// it defines kCols, the outputs per micro-tile). Part of every kernel's cache key (build.py hashes *.h).
+// Shared SIMD helpers of the scalebox_ms C++ kernels (included inside each kernel's anonymous namespace, once
+// <cstring> is included). Part of every kernel's cache key (build.py hashes *.h).
 #pragma once
+
+constexpr int kCols = 16;  // outputs per GEMM micro-tile; every padded weight / activation row is a multiple of it
 
 inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
 

@@ -3,12 +3,13 @@
 ``PPOUpdateKernel(model, optimizer, ppo_cfg)`` is a drop-in for
 :class:`scalebox_ms.trainers.ppo_update.PPOUpdateStep` without AMP, data parallelism or micro-batches:
 ``kernel(features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit)`` returns the same
-float32 (9,) vector ``[loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction, kl_ok, finite,
-loss_scale]`` (``finite`` and ``loss_scale`` are always 1) and applies the same update: the gradient of PPOLoss
-(the maths of :mod:`scalebox_ms.trainers.ppo_update`, derived by hand in ``ppo_update.cc``), the global-norm clip
-``g * min(1, max_norm / (norm + 1e-6))`` and MindSpore ``nn.Adam``'s step (``P.Adam``'s CPU formula, beta powers,
-``global_step``); with ``ppo_cfg.target_kl`` set, nothing changes when ``approx_kl > kl_limit``. Adam's
-``learning_rate`` Parameter is set to ``learning_rate`` on every call (as PPOUpdateStep does).
+float32 ``(N_STATS,)`` vector, columns :data:`scalebox_ms.ops.layout.STAT_COLUMNS` (``finite`` and ``loss_scale``
+are always 1; ``ops/custom/layout.h`` mirrors the names for the C++), and applies the same update: the gradient
+of PPOLoss (the maths of :mod:`scalebox_ms.trainers.ppo_update`, derived by hand in ``ppo_loss.h``), the
+global-norm clip ``g * min(1, max_norm / (norm + 1e-6))`` and MindSpore ``nn.Adam``'s step (``P.Adam``'s CPU
+formula, beta powers, ``global_step``); with ``ppo_cfg.target_kl`` set, nothing changes when
+``approx_kl > kl_limit``. Adam's ``learning_rate`` Parameter is set to ``learning_rate`` on every call (as
+PPOUpdateStep does).
 
 State: the model's Parameters (weights, biases, ``log_std``) and the given ``nn.Adam``'s ``moment1``/``moment2``/
 ``beta1_power``/``beta2_power``/``global_step``/``learning_rate`` are inputs of the kernel, which writes them IN
@@ -21,10 +22,11 @@ upgrade.
 ``kernel.run_epochs(features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit)`` runs ALL
 minibatches of an update (every epoch) in one kernel call: ``indices`` int32 ``(n_mb, b)``, row i the i-th
 minibatch's rows (epoch-major order). The rows are applied sequentially exactly as ``n_mb`` successive ``kernel(...)``
-calls (same code, bit-identical results); it returns float32 ``(n_mb, 10)``: per row the 9 statistics and ``ran``
-(1.0 if the row was processed). With ``target_kl`` set, the first row whose ``kl_ok`` is 0 (its step skipped, its
-statistics reported, as a single call would) is the last one: later rows get ``ran = 0`` and statistics 0. This
-saves the per-call launch overhead (~0.15-0.2 ms) of every minibatch but the first.
+calls (same code, bit-identical results); it returns float32 ``(n_mb, N_STATS + 1)``: per row the statistics
+and, in column ``layout.RAN``, 1.0 if the row was processed. With ``target_kl`` set, the first row whose ``kl_ok``
+is 0 (its step skipped, its statistics reported, as a single call would) is the last one: later rows get
+``ran = 0`` and statistics 0. This saves the per-call launch overhead of every minibatch but the first
+(docs/custom_ops.md).
 
 Threads: a minibatch of 2048 rows or more is split into ``ceil(rows / 512)`` contiguous blocks of rows (forward,
 loss terms and backward per block, partial sums and gradients combined in the fixed block order) that run on
@@ -39,11 +41,21 @@ Discrete or Box actions; a plain ``nn.Adam`` over exactly the model's trainable 
 loss scale 1, no nesterov/amsgrad/lazy/offload, no groups, a fixed learning rate Parameter). Anything else raises
 :class:`scalebox_ms.errors.CustomOpError` (one line).
 
-Errors inside a call: MindSpore raises ``RuntimeError`` naming the kernel's return value: 1-9 bad inputs (8: a
-minibatch index outside the rollout, 9: a discrete action outside the action space; nothing is written), 10: out
-of memory, 11: another C++ exception (no exception escapes the kernel, so a failure never aborts the process).
+Errors inside a call: the kernel checks its inputs (every minibatch index against the rollout, every discrete
+action against the action space) before it writes anything, and returns a code instead of throwing (no exception
+escapes the kernel, so a failure never aborts the process). The call then raises
+``CustomOpError("custom op 'ppo_update': <what went wrong> (kernel return code N)")`` (the codes:
+:data:`scalebox_ms.ops.custom.status.MESSAGES`), and the kernel stays usable: its graph is rebuilt for the next
+call (MindSpore 2.10 leaves a graph whose kernel failed unable to run again).
+
+Configuration guard: the kernel implements a fixed subset of :class:`~scalebox_ms.config.PPOConfig` and
+:class:`~scalebox_ms.config.PolicyConfig`. Every field is classified in :data:`KERNEL_IMPLEMENTS` or
+:data:`OUTSIDE_THE_UPDATE`; :func:`unsupported_settings` lists the others that differ from their defaults (a new
+loss option the kernel does not know), and ``PPOUpdateKernel`` refuses them.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import mindspore as ms
 import numpy as np
@@ -51,14 +63,59 @@ from mindspore import Tensor, nn, ops
 
 from ...errors import CustomOpError
 from ..fused import mlp_layers
+from ..layout import N_STATS
+from .actor import ACT_IDS, MAX_LAYERS
 from .build import KERNELS, func_spec, library_path
+from .status import custom_op_errors
 
 KERNEL = "ppo_update"
 KERNELS.setdefault(KERNEL, ("ppo_update.cc", "PPOUpdate"))  # registered here: build.py is shared code
-_ACT_IDS = {"tanh": 0, "relu": 1}
-_MAX_LAYERS = 16  # kMaxLayers in ppo_update.cc
-N_STATS = 9
 EPOCHS_SYMBOL = "PPOUpdateEpochs"  # second entry point of ppo_update.cc: all minibatches of an update in one call
+
+#: config fields the kernel reads or implements (from the config, the model, the optimizer or a per-call input)
+KERNEL_IMPLEMENTS = frozenset({
+    "ppo.ent_coef", "ppo.vf_coef", "ppo.max_grad_norm", "ppo.normalize_advantage",
+    "ppo.clip_range_vf",  # None or not: value clipping (meta); the range itself is a per-call input
+    "ppo.target_kl",  # None or not: the KL early stop (meta); the limit (1.5 target_kl) is a per-call input
+    "ppo.adam_eps",  # read from the optimizer (nn.Adam's eps)
+    "policy.pi_layers", "policy.vf_layers", "policy.activation",  # read from the model (_describe)
+})
+#: config fields outside the update's maths: the trainer's business, per-call inputs, or model initialisation
+OUTSIDE_THE_UPDATE = frozenset({
+    "ppo.n_steps", "ppo.batch_size", "ppo.min_batch", "ppo.max_batch", "ppo.n_epochs",  # rollout / minibatching
+    "ppo.gamma", "ppo.gae_lambda",  # GAE, before the update
+    "ppo.learning_rate", "ppo.lr_schedule", "ppo.clip_range", "ppo.clip_schedule",  # per-call inputs
+    "ppo.update_kernel",  # the choice of this kernel
+    "policy.ortho_init", "policy.log_std_init",  # initial weights
+    "policy.layer", "policy.align",  # the model's storage: _describe refuses anything but layer='dense'
+    "policy.act_kernel",  # the acting call
+})
+
+
+def _default(field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def unsupported_settings(ppo_cfg, policy_cfg=None) -> list:
+    """``["ppo.<field>=<value>", ...]``: the fields of ``ppo_cfg`` and ``policy_cfg`` (dataclasses; subclasses
+    included) in neither :data:`KERNEL_IMPLEMENTS` nor :data:`OUTSIDE_THE_UPDATE` whose value is not the field's
+    default: settings the kernel would silently ignore. ``PPOUpdateKernel`` refuses a config that has any."""
+    out = []
+    for section, cfg in (("ppo", ppo_cfg), ("policy", policy_cfg)):
+        if cfg is None:
+            continue
+        for field in dataclasses.fields(cfg):
+            name = f"{section}.{field.name}"
+            if name in KERNEL_IMPLEMENTS or name in OUTSIDE_THE_UPDATE:
+                continue
+            value = getattr(cfg, field.name)
+            if value != _default(field):
+                out.append(f"{name}={value!r}")
+    return out
 
 
 def kernel_threads(rows: int) -> tuple:
@@ -85,10 +142,10 @@ def _describe(model):
         _fail(f"{type(model).__name__} has no Dense policy and value MLPs")
     if any(layer.fused for layer in pi + vf):
         _fail("needs nn.Dense layers, not FusedDense")
-    if len(pi) > _MAX_LAYERS or len(vf) > _MAX_LAYERS:
-        _fail(f"at most {_MAX_LAYERS} layers per MLP, got {len(pi)} and {len(vf)}")
+    if len(pi) > MAX_LAYERS or len(vf) > MAX_LAYERS:
+        _fail(f"at most {MAX_LAYERS} layers per MLP, got {len(pi)} and {len(vf)}")
     hidden = {layer.activation for layer in pi[:-1] + vf[:-1]}
-    if len(hidden) > 1 or not hidden <= set(_ACT_IDS) or pi[-1].activation or vf[-1].activation:
+    if len(hidden) > 1 or not hidden <= set(ACT_IDS) or pi[-1].activation or vf[-1].activation:
         _fail(f"needs one hidden activation (tanh or relu) and linear heads, got {sorted(map(str, hidden))}")
     n_cells = sum(1 for _ in model.pi_net.cells()) + sum(1 for _ in model.vf_net.cells())
     if n_cells != 2 * (len(pi) + len(vf)) - 2:
@@ -101,7 +158,7 @@ def _describe(model):
         for p in (layer.weight, layer.bias):
             if p.dtype != ms.float32:
                 _fail(f"parameter {p.name} is {p.dtype}, needs float32")
-    act = _ACT_IDS[hidden.pop()] if hidden else 0
+    act = ACT_IDS[hidden.pop()] if hidden else 0
     return [len(pi), len(vf), int(spec.discrete), act, spec.obs_dim, spec.action_dim], pi, vf
 
 
@@ -126,6 +183,26 @@ def _check_optimizer(optimizer, params):
     return m1, m2
 
 
+class _Call(nn.Cell):
+    """One entry point of the kernel as a compiled graph: the 7 per-call inputs plus the state the kernel reads and
+    writes (the Parameters are referenced, not copied). Replaced by a fresh one (a new graph) after a failed call."""
+
+    def __init__(self, op, kernel):
+        super().__init__(auto_prefix=False)
+        self.op = op
+        opt = kernel.optimizer
+        self.meta, self.hyper, self.learning_rate = kernel.meta, kernel.hyper, kernel.learning_rate
+        self.beta1_power, self.beta2_power, self.global_step = opt.beta1_power, opt.beta2_power, opt.global_step
+        self.log_std, self.m_log_std, self.v_log_std = kernel.log_std, kernel.m_log_std, kernel.v_log_std
+        self.params, self.moment1, self.moment2 = kernel.params, kernel.moment1, kernel.moment2
+
+    @ms.jit
+    def construct(self, features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit):
+        return self.op(features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit, self.meta,
+                       self.hyper, self.learning_rate, self.beta1_power, self.beta2_power, self.global_step,
+                       self.log_std, self.m_log_std, self.v_log_std, *self.params, *self.moment1, *self.moment2)
+
+
 class PPOUpdateKernel(nn.Cell):
     """One PPO minibatch update as one C++ aot kernel; same call and return as ``PPOUpdateStep``.
 
@@ -135,15 +212,23 @@ class PPOUpdateKernel(nn.Cell):
             (e.g. ``PPOUpdateStep(model, cfg).optimizer``, to swap the kernel in for that step).
         ppo_cfg: :class:`~scalebox_ms.config.PPOConfig` (ent_coef, vf_coef, clip_range_vf is None or not,
             normalize_advantage, max_grad_norm, target_kl is None or not).
+        policy_cfg: the :class:`~scalebox_ms.config.PolicyConfig` the model was built from, if any: checked,
+            with ``ppo_cfg``, by :func:`unsupported_settings`.
+
+    Raises :class:`CustomOpError` for anything the kernel does not implement, and from a call whose kernel failed.
     """
 
-    def __init__(self, model, optimizer, ppo_cfg):
+    def __init__(self, model, optimizer, ppo_cfg, *, policy_cfg=None):
         super().__init__(auto_prefix=False)
+        unsupported = unsupported_settings(ppo_cfg, policy_cfg)
+        if unsupported:
+            _fail(f"does not implement {', '.join(unsupported)}; use PPOUpdateStep (ppo.update_kernel: builtin)")
         target = ms.get_context("device_target")
         if target != "CPU":
             _fail(f"the C++ kernel runs on CPU only, not {target}; use PPOUpdateStep")
         meta, pi, vf = _describe(model)
         self.discrete = bool(model.spec.discrete)
+        self.n_actions = int(model.spec.action_dim)
         layer_params = [p for layer in pi + vf for p in (layer.weight, layer.bias)]
         trainable = list(model.trainable_params())
         all_params = layer_params + ([] if self.discrete else [model.log_std])
@@ -151,6 +236,7 @@ class PPOUpdateKernel(nn.Cell):
             _fail("the model has trainable parameters outside its policy/value MLPs and log_std")
         m1, m2 = _check_optimizer(optimizer, all_params)
         n = len(layer_params)
+        # meta: MlpMeta, then PPOMeta (ppo_state.h), then the layer widths
         meta += [int(ppo_cfg.normalize_advantage), int(ppo_cfg.clip_range_vf is not None),
                  int(ppo_cfg.target_kl is not None)]
         meta += [layer.out_features for layer in pi] + [layer.out_features for layer in vf]
@@ -158,8 +244,8 @@ class PPOUpdateKernel(nn.Cell):
         beta1 = float(optimizer.beta1.asnumpy())
         beta2 = float(optimizer.beta2.asnumpy())
         eps = float(optimizer.eps.asnumpy())
-        self.hyper = Tensor(np.asarray([ppo_cfg.ent_coef, ppo_cfg.vf_coef, ppo_cfg.max_grad_norm, beta1, beta2, eps],
-                                       np.float32))
+        hyper = [ppo_cfg.ent_coef, ppo_cfg.vf_coef, ppo_cfg.max_grad_norm, beta1, beta2, eps]  # enum Hyper
+        self.hyper = Tensor(np.asarray(hyper, np.float32))
         self.optimizer = optimizer
         self.learning_rate = optimizer.learning_rate
         if not isinstance(self.learning_rate, ms.Parameter) or self.learning_rate.dtype != ms.float32 or \
@@ -180,24 +266,43 @@ class PPOUpdateKernel(nn.Cell):
         self.op_epochs = ops.Custom(f"{library_path(KERNEL)}:{EPOCHS_SYMBOL}",
                                     out_shape=lambda *shapes: (shapes[2][0], N_STATS + 1),
                                     out_dtype=lambda *dtypes: ms.float32, func_type="aot")
+        self.call_one = _Call(self.op, self)
+        self.call_epochs = _Call(self.op_epochs, self)
 
     def state_parameters(self):
         """Parameters besides the model's and Adam's that belong in a checkpoint: none (no AMP loss scaler)."""
         return []
 
-    @ms.jit
     def construct(self, features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit):
-        opt = self.optimizer
-        return self.op(features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit, self.meta,
-                       self.hyper, self.learning_rate, opt.beta1_power, opt.beta2_power, opt.global_step,
-                       self.log_std, self.m_log_std, self.v_log_std, *self.params, *self.moment1, *self.moment2)
+        """One minibatch: ``indices`` int32 (b,); returns the float32 (N_STATS,) statistics (ops.layout.STAT)."""
+        return self._launch("call_one", features, actions, indices, learning_rate, clip_range, clip_range_vf,
+                            kl_limit)
 
-    @ms.jit
     def run_epochs(self, features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit):
-        """All minibatches of an update in one kernel call; ``indices`` int32 (n_mb, b); returns float32 (n_mb, 10)
-        (9 statistics per minibatch and ``ran``). See the module docstring."""
-        opt = self.optimizer
-        return self.op_epochs(features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit,
-                              self.meta, self.hyper, self.learning_rate, opt.beta1_power, opt.beta2_power,
-                              opt.global_step, self.log_std, self.m_log_std, self.v_log_std, *self.params,
-                              *self.moment1, *self.moment2)
+        """All minibatches of an update in one kernel call; ``indices`` int32 (n_mb, b); returns float32
+        (n_mb, N_STATS + 1): per minibatch the statistics and ``RAN`` (ops.layout). See the module docstring."""
+        return self._launch("call_epochs", features, actions, indices, learning_rate, clip_range, clip_range_vf,
+                            kl_limit)
+
+    def _launch(self, which, features, actions, indices, *scalars):
+        call = getattr(self, which)
+        try:
+            with custom_op_errors(lambda code: self._detail(code, features, actions, indices)):
+                return call.construct(features, actions, indices, *scalars)
+        except Exception:
+            setattr(self, which, _Call(call.op, self))  # a graph whose kernel failed cannot run again: a new one
+            raise
+
+    def _detail(self, code, features, actions, indices):
+        """The bad index or action of a failed call (codes 8 and 9), for the error message; None otherwise."""
+        if code not in (8, 9):
+            return None
+        rows = int(features.shape[0])
+        idx = indices.asnumpy().reshape(-1).astype(np.int64)
+        bad = idx[(idx < 0) | (idx >= rows)]
+        if code == 8:
+            return f"minibatch index {bad[0]} is outside the rollout of {rows} rows" if bad.size else None
+        chosen = actions.asnumpy().reshape(-1)[idx[(idx >= 0) & (idx < rows)]]
+        wrong = chosen[(chosen < 0) | (chosen >= self.n_actions)] if self.discrete else chosen[:0]
+        return (f"discrete action {wrong[0]} is outside the action space of {self.n_actions} actions"
+                if wrong.size else None)

@@ -1,0 +1,72 @@
+"""The C++ kernels' return codes (``status.h``) as :class:`~scalebox_ms.errors.CustomOpError` messages.
+
+A kernel that returns a code other than 0 makes MindSpore raise ``RuntimeError("Return value from CPU AOT
+kernel(<lib>.so)'s function(<Symbol>) is <N>. Any return value not equal to 0 ...")``. :func:`kernel_error`
+parses that text and returns ``CustomOpError("custom op '<kernel>': <what went wrong> (kernel return code N)")``;
+:data:`MESSAGES` is the one table of what each code means (``status.h`` lists the same codes; a test compares
+them). ``PPOUpdateKernel`` and ``FusedActorKernel`` raise these errors from their calls; a graph that contains a
+kernel (e.g. ``ActStep(kernel='custom')``) can translate with :func:`custom_op_errors`.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+
+from ...errors import CustomOpError
+
+#: return code -> what went wrong (status.h's enum Status; 0 is success)
+MESSAGES = {
+    1: "too few inputs for the kernel",
+    2: "the policy and value MLPs need 1 to 16 layers each",
+    3: "the number of inputs does not match the MLPs' layer counts",
+    4: "an input has the wrong dtype (float32; int32 for indices, discrete actions, meta and global_step)",
+    5: "an input has the wrong shape (features or observations, actions or noise, indices, log_std, or the output)",
+    6: "a layer's weight or bias shape does not match the MLP's layer sizes",
+    7: "the policy head is not action_dim wide or the value head not 1 wide",
+    8: "a minibatch index is outside the rollout",
+    9: "a discrete action is outside the action space",
+    10: "out of memory",
+    11: "a C++ exception inside the kernel",
+}
+#: the codes whose call wrote nothing (checked before any write); other failures may have left a partial update
+NOTHING_WRITTEN = frozenset(range(1, 10))
+#: exported symbol -> kernel name (both entry points of ppo_update.cc)
+SYMBOLS = {"FusedActorMLP": "fused_actor_mlp", "PPOUpdate": "ppo_update", "PPOUpdateEpochs": "ppo_update"}
+
+_RETURN_VALUE = re.compile(r"AOT kernel\((?P<lib>[^)]*)\)'s function\((?P<symbol>\w+)\) is (?P<code>-?\d+)")
+
+
+def parse(exc: BaseException):
+    """(symbol, code) of a kernel's non-zero return in MindSpore's RuntimeError text, or None."""
+    match = _RETURN_VALUE.search(str(exc))
+    return (match["symbol"], int(match["code"])) if match else None
+
+
+def kernel_error(exc: BaseException, detail=None):
+    """The :class:`CustomOpError` for MindSpore's RuntimeError about a scalebox_ms kernel's return code, or None if
+    ``exc`` is not one. ``detail(code)`` may return a more specific message (e.g. naming the bad index)."""
+    parsed = parse(exc)
+    if parsed is None or parsed[0] not in SYMBOLS:
+        return None
+    symbol, code = parsed
+    what = None
+    if detail is not None:
+        try:
+            what = detail(code)
+        except Exception:  # noqa: BLE001 (a failing detail must not hide the kernel's error)
+            what = None
+    what = what or MESSAGES.get(code, "unknown error")
+    return CustomOpError(f"custom op {SYMBOLS[symbol]!r}: {what} (kernel return code {code})")
+
+
+@contextlib.contextmanager
+def custom_op_errors(detail=None):
+    """Re-raise MindSpore's RuntimeError about a kernel's return code as the CustomOpError of :func:`kernel_error`;
+    other exceptions pass unchanged."""
+    try:
+        yield
+    except RuntimeError as exc:
+        err = kernel_error(exc, detail)
+        if err is None:
+            raise
+        raise err from None
