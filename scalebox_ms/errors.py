@@ -77,3 +77,7 @@ class CheckpointError(ScaleboxError):
 class CustomOpError(ScaleboxError):
     """A custom (C++ aot) operator that cannot be built or used here: no compiler, a failed compile, a backend
     the kernel does not support, or a use that needs gradients of an inference-only kernel."""
+
+
+class TrainingError(ScaleboxError):
+    """Training cannot go on: an env returned non-finite observations or rewards, or the loss stayed non-finite."""

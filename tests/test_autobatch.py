@@ -59,8 +59,10 @@ def test_probing_leaves_training_identical_to_the_chosen_fixed_size(tmp_path):
 
 def test_out_of_memory_halves_and_redoes_the_update():
     tr = PPOTrainer(small_config(), batch_size="auto", min_batch=16, max_batch=64)
-    tr.batch_size, tr.auto_batch = 64, {"chosen": 64, "table": [], "events": []}  # as if probed earlier
-    real = tr.update_step
+    tr.runner.batch_size = 64  # as if probed earlier
+    tr.runner.auto_batch = {"chosen": 64, "table": [], "events": []}
+    graph = tr.runner.run_minibatches  # GraphMinibatches: one compiled-step call per minibatch
+    real = graph.step
     limit = {"max": 64}
 
     class Flaky:  # the compiled update step, failing like a full device above limit["max"]
@@ -72,7 +74,7 @@ def test_out_of_memory_halves_and_redoes_the_update():
         def __getattr__(self, name):
             return getattr(real, name)
 
-    tr.update_step = Flaky()
+    graph.step = Flaky()
 
     class Squeeze(Callback):
         def on_iteration_end(self, trainer, metrics):

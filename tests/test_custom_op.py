@@ -9,14 +9,8 @@ from mindspore import Tensor
 
 from scalebox_ms.errors import ConfigError, CustomOpError
 from scalebox_ms.models import SpaceSpec
-from scalebox_ms.models.actor_critic import (
-    AUTO_CUSTOM_MAX_MACS,
-    ActorCritic,
-    ActStep,
-    build_act_step,
-    model_macs,
-    resolve_act_kernel,
-)
+from scalebox_ms.models.actor_critic import ActorCritic, ActStep
+from scalebox_ms.trainers.kernels import AUTO_ACT_MAX_MACS, build_act_steps, model_macs, resolve_act_kernel
 from scalebox_ms.ops import custom
 from scalebox_ms.ops.custom import FusedActorKernel, build
 from scalebox_ms.sandbox import Sandbox
@@ -134,10 +128,10 @@ def test_missing_compiler_is_a_clear_error_and_auto_falls_back(tmp_path, monkeyp
     with pytest.raises(CustomOpError, match="not found"):
         ActStep(model, kernel="custom")
     cfg = small_config(policy={"act_kernel": "auto"}).policy
-    assert resolve_act_kernel(model, "auto", 8) == "builtin"
-    assert build_act_step(model, cfg, 8).kernel == "builtin"
-    with pytest.raises(CustomOpError, match="not found"):
-        build_act_step(model, small_config(policy={"act_kernel": "custom"}).policy, 8)
+    assert resolve_act_kernel(model, "auto", 8) == ("builtin", "no C++ compiler and no cached kernel")
+    assert build_act_steps(model, cfg, 8)[0].kernel == "builtin"
+    with pytest.raises(CustomOpError, match=r"^policy\.act_kernel: custom: .*not found"):
+        build_act_steps(model, small_config(policy={"act_kernel": "custom"}).policy, 8)
     # a compiler that fails: the first error line, on one line
     monkeypatch.setenv("CXX", "false")
     with pytest.raises(CustomOpError, match="failed \\(exit 1\\)"):
@@ -149,16 +143,16 @@ def test_act_kernel_resolution_follows_the_measured_rule():
     model = ActorCritic(spec, **kw)
     macs = model_macs(model)
     assert macs == (4 * 64 + 64 * 64 + 64 * 2) + (4 * 64 + 64 * 64 + 64)
-    small, large = AUTO_CUSTOM_MAX_MACS // macs, AUTO_CUSTOM_MAX_MACS // macs + 1
-    assert resolve_act_kernel(model, "auto", small) == "custom"
-    assert resolve_act_kernel(model, "auto", large) == "builtin"
-    assert resolve_act_kernel(model, "builtin", 8) == "builtin"
-    assert resolve_act_kernel(model, "custom", 10**6) == "custom"
+    small, large = AUTO_ACT_MAX_MACS // macs, AUTO_ACT_MAX_MACS // macs + 1
+    assert resolve_act_kernel(model, "auto", small)[0] == "custom"
+    assert resolve_act_kernel(model, "auto", large)[0] == "builtin"
+    assert resolve_act_kernel(model, "builtin", 8)[0] == "builtin"
+    assert resolve_act_kernel(model, "custom", 10**6)[0] == "custom"
     with pytest.raises(ConfigError, match="act_kernel"):
         resolve_act_kernel(model, "fast", 8)
-    step = build_act_step(model, small_config(policy={"act_kernel": "auto"}).policy, 8, packed=True)
-    assert step.kernel == "custom" and step.packed
-    assert build_act_step(model, small_config().policy, 8).kernel == "builtin"
+    step, packed = build_act_steps(model, small_config(policy={"act_kernel": "auto"}).policy, 8)
+    assert step.kernel == packed.kernel == "custom" and packed.packed and not step.packed
+    assert build_act_steps(model, small_config().policy, 8)[0].kernel == "builtin"
     with pytest.raises(ConfigError, match="act kernel"):
         ActStep(model, kernel="cuda")
 

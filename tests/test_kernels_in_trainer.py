@@ -46,11 +46,11 @@ def test_update_kernel_refusals_and_auto_fallbacks(extra, blocker):
 
 
 def test_update_kernel_auto_follows_the_measured_batch_rule():
-    from scalebox_ms.trainers.ppo import AUTO_UPDATE_KERNEL_MAX_BATCH
+    from scalebox_ms.trainers.kernels import AUTO_UPDATE_MAX_BATCH
 
     ok = PPOTrainer(small_config(ppo={"update_kernel": "auto"}))
     assert isinstance(ok.update_step, PPOUpdateKernel)
-    n = 2 * AUTO_UPDATE_KERNEL_MAX_BATCH
+    n = 2 * AUTO_UPDATE_MAX_BATCH
     big = PPOTrainer(small_config(env={"num_envs": 4}, ppo={"update_kernel": "auto", "n_steps": n // 2,
                                                             "batch_size": n}))
     assert isinstance(big.update_step, PPOUpdateStep)
@@ -67,7 +67,27 @@ def test_auto_kernels_fall_back_without_a_compiler(tmp_path, monkeypatch):
     tr.close()
     from scalebox_ms.errors import CustomOpError
 
-    with pytest.raises(CustomOpError, match="not found"):
+    with pytest.raises(CustomOpError, match=r"^ppo\.update_kernel: custom: .*not found.*\(ppo\.update_kernel: builtin\)$"):
+        PPOTrainer(small_config(ppo={"update_kernel": "custom"}))
+    with pytest.raises(CustomOpError, match=r"^policy\.act_kernel: custom: .*not found.*\(policy\.act_kernel: builtin\)$"):
+        PPOTrainer(small_config(policy={"act_kernel": "custom"}))
+
+
+def test_a_setting_the_kernel_does_not_implement_selects_the_graph(monkeypatch, caplog):
+    """A new PPOConfig option the C++ kernel ignores: auto trains with the compiled graph (and says why), custom
+    refuses -- the kernel never silently trains something else."""
+    import logging
+
+    from scalebox_ms.ops.custom import update
+
+    monkeypatch.setattr(update, "unsupported_settings", lambda ppo, policy=None: ["ppo.new_loss_term=0.5"])
+    with caplog.at_level(logging.INFO, logger="scalebox_ms"):
+        tr = PPOTrainer(small_config(ppo={"update_kernel": "auto"}))
+    assert isinstance(tr.update_step, PPOUpdateStep)
+    tr.close()
+    assert any("ppo.update_kernel auto: compiled graph (ppo.new_loss_term=0.5 (not implemented by the kernel)"
+               in r.getMessage() for r in caplog.records)
+    with pytest.raises(ConfigError, match=r"ppo\.update_kernel: custom cannot run with ppo\.new_loss_term=0\.5"):
         PPOTrainer(small_config(ppo={"update_kernel": "custom"}))
 
 
@@ -92,12 +112,13 @@ def test_one_call_update_equals_the_minibatch_loop_with_early_stop(target_kl):
     builtin = PPOTrainer(small_config(**{**cfg, "ppo": {**cfg["ppo"], "update_kernel": "builtin"}}))
     custom = PPOTrainer(small_config(**{**cfg, "ppo": {**cfg["ppo"], "update_kernel": "custom"}}))
     calls = []
-    real = custom._run_epochs_in_one_call
-    custom._run_epochs_in_one_call = lambda *a: calls.append(1) or real(*a)
+    real = custom.runner.run_minibatches  # the kernel: all rows it is given in one call
+    custom.runner.run_minibatches = lambda *a: calls.append(len(a[2])) or real(*a)
     for tr in (builtin, custom):
         tr.learn(total_steps=64)  # one iteration: 4 epochs x 4 minibatches
-    assert len(calls) == 1
     mb, mc = builtin._last_metrics, custom._last_metrics
+    # one call for the whole update; with target_kl one per epoch started (no permutation drawn beyond the stop)
+    assert calls == ([16] if target_kl is None else [4] * ((mb["minibatch_steps"] - 1) // 4 + 1)), calls
     assert mc["minibatch_steps"] == mb["minibatch_steps"] and mc["early_stopped"] == mb["early_stopped"]
     assert mc["n_updates"] == mb["n_updates"]
     if target_kl is not None:

@@ -17,7 +17,6 @@ can also embed in their own MindSpore code.
 from __future__ import annotations
 
 import math
-import warnings
 
 import mindspore as ms
 import numpy as np
@@ -26,7 +25,7 @@ from mindspore.common.initializer import Orthogonal, Zero, initializer
 
 from ..envs.spaces import SpaceSpec
 from ..config import checked_section
-from ..errors import CheckpointError, ConfigError, CustomOpError, short_repr
+from ..errors import CheckpointError, ConfigError, short_repr
 from ..ops import distributions as D
 from ..ops.fused import FusedDense, fused_mlp, pad_to
 
@@ -300,55 +299,3 @@ def build_model(spec: SpaceSpec, policy_cfg) -> ActorCritic:
                        activation=policy_cfg.activation, ortho_init=policy_cfg.ortho_init,
                        log_std_init=policy_cfg.log_std_init, layer=getattr(policy_cfg, "layer", "dense"),
                        align=getattr(policy_cfg, "align", 16))
-
-
-# 'auto' acting kernel rule (measurements: docs/custom_ops.md, from benchmarks/acting_kernels.py): the custom
-# kernel is one launch instead of ~25 (the fixed cost that dominates small batches) and computes single-threaded;
-# it was faster at every measured CartPole batch, so 'auto' picks it up to the largest measured one and keeps
-# builtin beyond (unmeasured; many-core machines parallelise the builtin matmuls). The bound is expressed in
-# multiply-adds per call (batch x MACs per sample of the policy and value MLPs) so other MLP sizes scale from the
-# CartPole measurement: custom where batch * macs <= AUTO_CUSTOM_MAX_MACS.
-_CARTPOLE_MACS = (4 * 64 + 64 * 64 + 64 * 2) + (4 * 64 + 64 * 64 + 64 * 1)
-AUTO_CUSTOM_MAX_BATCH = 4096  # largest measured CartPole batch at which the custom kernel was faster
-AUTO_CUSTOM_MAX_MACS = AUTO_CUSTOM_MAX_BATCH * _CARTPOLE_MACS
-
-
-def model_macs(model: ActorCritic) -> int:
-    """Multiply-adds per sample of the policy and value MLPs (logical sizes)."""
-    from ..ops.fused import mlp_layers
-
-    return sum(layer.in_features * layer.out_features for net in (model.pi_net, model.vf_net)
-               for layer in mlp_layers(net))
-
-
-def resolve_act_kernel(model: ActorCritic, choice: str, num_envs: int) -> str:
-    """'builtin' or 'custom' for ``policy.act_kernel`` = ``choice`` at batch ``num_envs``.
-
-    'auto' picks 'custom' only on CPU, with a compiler or a cached kernel, and where the measured rule above
-    says it is faster; 'builtin' everywhere else.
-    """
-    choice = checked_section("policy", act_kernel=choice).act_kernel
-    if choice in ACT_KERNELS:
-        return choice
-    from ..ops.custom import kernel_available
-
-    if ms.get_context("device_target") != "CPU" or getattr(model, "amp_level", "O0") != "O0" or not kernel_available():
-        return "builtin"
-    return "custom" if int(num_envs) * model_macs(model) <= AUTO_CUSTOM_MAX_MACS else "builtin"
-
-
-def build_act_step(model: ActorCritic, policy_cfg, num_envs: int, packed: bool = False) -> ActStep:
-    """The :class:`ActStep` for ``policy_cfg.act_kernel`` ('builtin' | 'custom' | 'auto') at batch ``num_envs``.
-
-    'custom' that cannot be built raises :class:`CustomOpError`; 'auto' falls back to 'builtin' (with a warning)
-    if building fails.
-    """
-    choice = getattr(policy_cfg, "act_kernel", "builtin")
-    kernel = resolve_act_kernel(model, choice, num_envs)
-    if choice == "auto" and kernel == "custom":
-        try:
-            return ActStep(model, packed=packed, kernel="custom")
-        except CustomOpError as exc:
-            warnings.warn(f"act_kernel auto: falling back to the builtin kernel ({exc})", RuntimeWarning, stacklevel=2)
-            kernel = "builtin"
-    return ActStep(model, packed=packed, kernel=kernel)

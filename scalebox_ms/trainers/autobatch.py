@@ -17,8 +17,12 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Optional
 
-_OOM_MARKERS = ("out of memory", "outofmemory", "memory not enough", "malloc device memory failed",
-                "alloc memory failed", "memory pool", "oom")
+# MindSpore 2.10's out-of-memory messages (its memory pool and device backends), lower-cased; matched as phrases,
+# so words that merely contain "oom" ("room", "zoom") are not mistaken for one
+_OOM_MARKERS = ("out of memory", "memory not enough", "memory isn't enough", "malloc device memory failed",
+                "alloc device mem failed", "allocate device memory failed", "allocate memory failed",
+                "allocate dynamic workspace memory failed", "allocate continuous memory failed",
+                "alloc memory failed")
 
 
 def candidate_sizes(rollout: int, min_batch: int, max_batch: int, limit: int = 6) -> List[int]:
@@ -51,6 +55,7 @@ def choose(table: List[Dict], budget_bytes: Optional[int] = None) -> int:
 
 
 def is_oom_error(exc: BaseException) -> bool:
+    """True for Python's MemoryError and MindSpore RuntimeErrors that report an allocation failure."""
     text = str(exc).lower()
     return isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and any(m in text for m in _OOM_MARKERS))
 
@@ -61,3 +66,47 @@ def halve(batch: int, rollout: int, min_batch: int) -> Optional[int]:
         if rollout % b == 0:
             return b
     return None
+
+
+def probe(runner, tensors, scalars, B: int, timed_steps: int = 6):
+    """Time ``timed_steps`` optimizer steps of ``runner.step`` at each candidate size on this rollout, restoring
+    parameters and optimizer state after each probe. Returns (chosen size, the ``auto_batch`` record)."""
+    import time
+
+    import mindspore as ms
+    import numpy as np
+
+    p = runner.cfg
+    state = runner.snapshot()
+    probe_rng = np.random.default_rng(0)
+    table = []
+    for b in candidate_sizes(B, p.min_batch, p.max_batch):
+        row = {"batch_size": b, "est_bytes": estimate_bytes(b, runner.obs_dim, runner.hidden)}
+        try:
+            idx = [ms.Tensor(probe_rng.permutation(B)[:b].astype(np.int32)) for _ in range(timed_steps + 1)]
+            runner.step(*tensors, idx[0], *scalars).asnumpy()  # compiles this shape
+            t0 = time.perf_counter()
+            for i in range(1, timed_steps + 1):
+                out = runner.step(*tensors, idx[i], *scalars)
+            out.asnumpy()
+            dt = time.perf_counter() - t0
+            row.update(status="ok", step_ms=1000 * dt / timed_steps, samples_per_s=timed_steps * b / dt)
+        except Exception as exc:
+            if not is_oom_error(exc):
+                raise
+            row.update(status="oom", step_ms=None, samples_per_s=0.0)
+        finally:
+            runner.restore(state)
+        table.append(row)
+    budget = runner.memory_budget()
+    try:
+        chosen = choose(table, budget)
+    except RuntimeError:  # nothing fits the budget by the rough estimate: take the smallest size that ran
+        ran = [r["batch_size"] for r in table if r["status"] == "ok"]
+        if not ran:
+            raise
+        chosen = min(ran)
+        runner.log.warning("dynamic batching: no size fits the %s-byte budget by estimate; using %d", budget, chosen)
+    runner.log.info("dynamic batching: chose minibatch %d of %d candidates (%s)", chosen, len(table),
+                    ", ".join(f"{r['batch_size']}: {r['samples_per_s']:.0f}/s" for r in table))
+    return chosen, {"chosen": chosen, "table": table, "events": [], "memory_budget_bytes": budget}

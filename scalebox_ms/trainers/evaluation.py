@@ -123,7 +123,11 @@ def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, determinist
                     max_envs: int = 16, max_restarts: Optional[int] = None) -> Returns:
     """Episodes of ``trainer``'s policy on new envs of its ``env.id``/``env.kwargs``, isolated as its own envs
     are (see the module docstring); observations are normalised with the trainer's statistics without updating
-    them."""
+    them. Stochastic actions (``deterministic=False``) draw their noise from a Generator seeded from ``seed``,
+    so the same seed gives the same episodes."""
+    import numpy as np
+
     cfg = trainer.config.env
-    return run_episodes(cfg.id, cfg.kwargs, lambda obs: trainer.predict(obs, deterministic=deterministic),
+    rng = None if deterministic else np.random.Generator(np.random.PCG64([seed, 2]))
+    return run_episodes(cfg.id, cfg.kwargs, lambda obs: trainer.predict(obs, deterministic=deterministic, rng=rng),
                         episodes, seed, max_envs, max_restarts=max_restarts, **isolation_kwargs(trainer))

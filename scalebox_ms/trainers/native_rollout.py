@@ -1,9 +1,9 @@
 """Compiled rollout for native envs: T vector steps of (observe -> act -> env step -> store) in ONE graph call.
 
 With ``env.backend: native`` the env's state already lives in MindSpore Parameters, so the whole rollout can
-stay on the device: a graph ``while`` loop over a Tensor counter (compiles in about a second, whatever T is)
+stay on the device: a graph ``while`` loop over a Tensor counter (its compile time does not grow with T)
 writes each step into a device-resident :class:`~scalebox_ms.buffers.RolloutBuffer` by Tensor index (slice assignment of a
-Parameter inside a graph is silently dropped on MindSpore 2.10, see DESIGN.md). The trainer then copies the
+Parameter inside a graph is silently dropped on MindSpore 2.10, see docs/design.md). The trainer then copies the
 buffers to the host once per iteration for GAE and the update. Python->graph calls per iteration drop from
 T + 1 to 1 (plus the update calls).
 

@@ -19,6 +19,7 @@ from mindspore import nn, ops
 
 from ..amp import all_finite, update_scale
 from ..ops import clip_grad_norm
+from ..ops.layout import FEAT, FEATURE_COLUMNS, LOSS_TERMS, STAT
 
 
 def masked_mean(x, mask, count):
@@ -103,7 +104,7 @@ class _Objective(nn.Cell):
         return loss, aux
 
 
-STAT_NAMES = ("loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction")
+STAT_NAMES = LOSS_TERMS  # the loss terms of the statistics vector (scalebox_ms.ops.layout.STAT_COLUMNS)
 
 
 class PPOUpdateStep(nn.Cell):
@@ -130,8 +131,9 @@ class PPOUpdateStep(nn.Cell):
       process would compute on the whole minibatch.
 
     Returns a float32 vector: [loss, policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction,
-    kl_ok, finite, loss_scale]; the optimizer step was applied iff ``kl_ok and finite`` (``kl_ok`` is 1 without
-    target_kl; ``finite`` is 1 and ``loss_scale`` 1 without AMP).
+    kl_ok, finite, loss_scale] (:data:`scalebox_ms.ops.layout.STAT_COLUMNS`); the optimizer step was applied iff
+    ``kl_ok and finite`` (``kl_ok`` is 1 without target_kl; ``finite`` is 0 when the loss or a gradient is not
+    finite -- with AMP also on a loss-scale overflow -- and ``loss_scale`` is 1 without AMP).
     """
 
     def __init__(self, model, ppo_cfg, micro_batches: int = 1, amp=None, world_size: int = 1):
@@ -175,8 +177,8 @@ class PPOUpdateStep(nn.Cell):
         f = ops.gather(features, indices, 0)
         a = ops.gather(actions, indices, 0)
         d = self.obs_dim
-        adv = f[:, d + 2]
-        mask = f[:, d + 4]
+        obs, old_log_prob, old_values = f[:, :d], f[:, d + FEAT.old_log_prob], f[:, d + FEAT.old_value]
+        adv, returns, mask = f[:, d + FEAT.advantage], f[:, d + FEAT.returns], f[:, d + FEAT.mask]
         # minibatch statistics (over all ranks' shares when distributed)
         if self.distributed:
             sums = self.all_reduce(ops.stack([mask.sum(), (adv * mask).sum()]))
@@ -197,8 +199,8 @@ class PPOUpdateStep(nn.Cell):
         terms = None
         for i in range(k):  # static unroll; k = 1 is the plain step
             s, e = i * m, (i + 1) * m
-            (loss, aux), g = self.grad_fn(f[s:e, :d], a[s:e], f[s:e, d], f[s:e, d + 1], adv[s:e], f[s:e, d + 3],
-                                          mask[s:e], n, clip_range, clip_range_vf, scale)
+            (loss, aux), g = self.grad_fn(obs[s:e], a[s:e], old_log_prob[s:e], old_values[s:e], adv[s:e],
+                                          returns[s:e], mask[s:e], n, clip_range, clip_range_vf, scale)
             t = ops.stack((loss,) + tuple(aux))
             if i == 0:
                 grads, terms = g, t
@@ -224,20 +226,14 @@ class PPOUpdateStep(nn.Cell):
             ops.assign(self.loss_scale, new_scale)
             ops.assign(self.good_steps, new_good)
             ops.assign(self.skipped_steps, new_skipped)
-        else:
-            finite = ops.ones((), ms.bool_)
+        else:  # a non-finite loss or gradient (e.g. NaN inputs) skips the step, as an AMP overflow does
+            finite = ops.logical_and(all_finite(grads), ops.isfinite(terms[STAT.loss]))
             new_scale = ops.ones((), ms.float32)
-        kl_ok = terms[4] <= kl_limit  # approx_kl
-        if self.kl_stop and self.use_amp:  # static branches: the plain fp32 graph has no control flow
+        kl_ok = terms[STAT.approx_kl] <= kl_limit
+        if self.kl_stop:  # static branch: without target_kl the KL is only reported
             if ops.logical_and(kl_ok, finite):
                 self._apply(grads)
-        elif self.kl_stop:
-            if kl_ok:
-                self._apply(grads)
-        elif self.use_amp:
-            if finite:
-                self._apply(grads)
-        else:
+        elif finite:
             self._apply(grads)
         return ops.concat([terms, ops.stack([kl_ok.astype(ms.float32), finite.astype(ms.float32), new_scale])])
 
@@ -247,9 +243,11 @@ class PPOUpdateStep(nn.Cell):
 
 
 def pack_features(obs, old_log_prob, old_values, advantages, returns, mask):
-    """numpy (B, obs_dim + 5) float32 matrix in the column order :class:`PPOUpdateStep` expects."""
+    """numpy (B, obs_dim + N_FEATURES) float32 matrix: the observation, then the columns of
+    :data:`scalebox_ms.ops.layout.FEATURE_COLUMNS` in their order (what :class:`PPOUpdateStep` and the C++ kernel
+    read)."""
     import numpy as np
 
-    cols = [old_log_prob, old_values, advantages, returns, mask]
-    return np.concatenate([obs.reshape(obs.shape[0], -1)] + [np.asarray(c).reshape(-1, 1) for c in cols],
-                          axis=1).astype(np.float32)
+    cols = dict(old_log_prob=old_log_prob, old_value=old_values, advantage=advantages, returns=returns, mask=mask)
+    return np.concatenate([obs.reshape(obs.shape[0], -1)] + [np.asarray(cols[name]).reshape(-1, 1)
+                                                              for name in FEATURE_COLUMNS], axis=1).astype(np.float32)

@@ -1,0 +1,224 @@
+"""Rollout collection: the vector env, observation/reward normalisation and episode accounting.
+
+:class:`RolloutCollector` owns everything between the policy and the env: it steps the env with the acting
+call's actions, normalises observations, scales rewards, keeps the in-flight state between rollouts (the next
+observation, which envs autoreset next, the running episode returns) and the episode statistics. Autoreset
+semantics are those of :mod:`scalebox_ms.buffers.rollout`. Every observation and reward is checked: a
+non-finite value stops the run with a one-line :class:`TrainingError` naming the env, the env index and the
+step, before any update can see it.
+
+All random numbers (sampling noise; the native envs' reset noise comes from the env's own generator) come from
+``rng``, the trainer's one seeded Generator, in a fixed order, so a rollout is reproducible bit for bit.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Optional
+
+import numpy as np
+
+from ..errors import TrainingError
+
+
+class RolloutCollector:
+    """Collect rollouts of ``num_envs`` envs (this process's share) into a :class:`RolloutStorage`."""
+
+    def __init__(self, config, sandbox, rng: np.random.Generator, num_envs: int, rank: int = 0,
+                 reducer=None):
+        from ..envs import ObsNormalizer, RewardScaler, make_vec_env, space_spec
+
+        e = config.env
+        self.env_id = e.id
+        self.num_envs = num_envs
+        self.rank = rank
+        self.rng = rng
+        self.env = make_vec_env(e.id, num_envs, e.kwargs, isolation=getattr(sandbox, "isolation_level", "none"),
+                                step_timeout=getattr(sandbox, "step_timeout", 10.0),
+                                worker_memory_limit=getattr(sandbox, "worker_memory_limit_bytes", None),
+                                backend=e.backend)
+        self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id)
+        if not self.spec.discrete:  # Box bounds for clipping the sampled actions, once
+            self._low = np.asarray(self.spec.low, np.float32)
+            self._high = np.asarray(self.spec.high, np.float32)
+        self.obs_normalizer = ObsNormalizer(self.spec.obs_dim, e.clip_obs) if e.normalize_obs else None
+        self.reward_scaler = (RewardScaler(num_envs, config.ppo.gamma, e.clip_reward) if e.normalize_reward
+                              else None)
+        if reducer is not None:  # data parallel: statistics merged over all ranks' envs
+            for norm in (self.obs_normalizer, self.reward_scaler):
+                if norm is not None:
+                    norm.rms.reduce = reducer
+        self.compiled = e.backend == "native" and e.compiled_rollout
+        self._rollout_cell = None
+        self.episode_returns: collections.deque = collections.deque(maxlen=100)
+        self.episode_lengths: collections.deque = collections.deque(maxlen=100)
+        self.episodes = 0
+        # in-flight env state between rollouts
+        self.obs: Optional[np.ndarray] = None             # normalised obs the policy sees next
+        self.valid = np.ones(num_envs, bool)              # False: the next step is an autoreset step
+        self.ep_return = np.zeros(num_envs, np.float64)
+        self.ep_length = np.zeros(num_envs, np.int64)
+
+    # ------------------------------------------------------------------ observations and actions
+    def normalize_obs(self, obs: np.ndarray, update: bool = False) -> np.ndarray:
+        obs = np.asarray(obs, np.float32).reshape(obs.shape[0], -1)
+        if self.obs_normalizer is None:
+            return obs
+        return self.obs_normalizer(obs, update=update)
+
+    def noise(self, n: int, rng: Optional[np.random.Generator] = None) -> np.ndarray:
+        """Sampling noise for ``n`` actions: Gumbel (Categorical) or standard normal (Gaussian)."""
+        rng = self.rng if rng is None else rng
+        if self.spec.discrete:
+            return rng.gumbel(size=(n, self.spec.action_dim)).astype(np.float32)
+        return rng.standard_normal(size=(n, self.spec.action_dim)).astype(np.float32)
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        if self.spec.discrete:
+            return actions.astype(np.int64)
+        return np.clip(actions, self._low, self._high)
+
+    def _check_finite(self, raw_obs, reward, step: int) -> None:
+        for what, value in (("observation", raw_obs), ("reward", reward)):
+            if value is None:
+                continue
+            arr = np.asarray(value, np.float64).reshape(self.num_envs, -1)
+            bad = ~np.isfinite(arr).all(axis=1)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise TrainingError(f"env {self.env_id!r} returned a non-finite {what} ({arr[i][~np.isfinite(arr[i])][0]}) "
+                                    f"at env index {self.rank * self.num_envs + i}, step {step}; the run stops "
+                                    f"before the update sees it")
+
+    def reset(self, seed: Optional[int], step: int = 0) -> None:
+        obs, _ = self.env.reset(seed=seed)
+        self._check_finite(obs, None, step)
+        self.obs = self.normalize_obs(obs, update=True)
+        self.valid[:] = True
+        self.ep_return[:] = 0.0
+        self.ep_length[:] = 0
+
+    # ------------------------------------------------------------------ collection
+    def collect(self, storage, act_packed, step: int):
+        """Fill ``storage`` with one rollout, acting with ``act_packed(obs, noise)`` (the packed ActStep);
+        ``step`` is the global step at its start (for error messages). Returns (seconds acting, seconds in
+        env.step)."""
+        import mindspore as ms
+
+        N = self.num_envs
+        t_act = t_env = 0.0
+        clock = time.perf_counter
+        for t in range(storage.n_steps):
+            obs = self.obs
+            t0 = clock()
+            out = act_packed(ms.Tensor(obs), ms.Tensor(self.noise(N))).asnumpy()
+            t1 = clock()
+            action = out[:, 0].astype(np.int32) if self.spec.discrete else out[:, :-2]
+            log_prob, value = out[:, -2], out[:, -1]
+            raw_obs, reward, terminated, truncated, _ = self.env.step(self.env_actions(action))
+            t_env += clock() - t1
+            t_act += t1 - t0
+            self._check_finite(raw_obs, reward, step + t * N)
+            valid = self.valid
+            reward = np.asarray(reward, np.float64)
+            terminated = np.asarray(terminated, bool) & valid
+            truncated = np.asarray(truncated, bool) & valid
+            done = terminated | truncated
+            storage.rewards[t] = self._account_step(reward, done, valid)
+            storage.obs[t] = obs
+            storage.actions[t] = action
+            storage.log_probs[t] = log_prob
+            storage.values[t] = value
+            storage.terminated[t] = terminated
+            storage.truncated[t] = truncated
+            storage.valid[t] = valid
+
+            self.obs = self.normalize_obs(raw_obs, update=True)
+            self.valid = ~done
+        return t_act, t_env
+
+    def _account_step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Episode statistics (raw rewards) and the training reward (scaled if configured, 0 on autoreset steps)."""
+        self.ep_return += np.where(valid, reward, 0.0)
+        self.ep_length += valid
+        for i in np.flatnonzero(done):
+            self.episode_returns.append(float(self.ep_return[i]))
+            self.episode_lengths.append(int(self.ep_length[i]))
+            self.episodes += 1
+        self.ep_return[done] = 0.0
+        self.ep_length[done] = 0
+        train_reward = (self.reward_scaler(reward, done, valid) if self.reward_scaler is not None
+                        else reward.astype(np.float32))
+        return np.where(valid, train_reward, 0.0)
+
+    def collect_compiled(self, storage, model, step: int):
+        """Native envs: one graph call runs all T steps (:mod:`.native_rollout`); then the same host bookkeeping
+        as :meth:`collect`. Returns (seconds in the graph call, 0.0, V(last observation))."""
+        import mindspore as ms
+
+        from .native_rollout import CompiledRollout
+
+        T, N = storage.n_steps, self.num_envs
+        if self._rollout_cell is None:
+            self._rollout_cell = CompiledRollout(model, self.env, T, normalize=self.obs_normalizer is not None)
+        cell = self._rollout_cell
+        t0 = time.perf_counter()
+        # drawn in the order the step-by-step loop draws them: same streams, same rollout
+        act_noise = np.stack([self.noise(N) for _ in range(T)])
+        reset_noise = np.stack([self.env.rng.random((N, self.env._dyn_cls.noise_dim)).astype(np.float32)
+                                for _ in range(T)])
+        if self.obs_normalizer is not None:
+            rms = self.obs_normalizer.rms
+            mean = rms.mean.astype(np.float32)
+            inv_std = (1.0 / np.sqrt(rms.var + self.obs_normalizer.epsilon)).astype(np.float32)
+            clip = np.float32(self.obs_normalizer.clip)
+        else:
+            mean = np.zeros(self.spec.obs_dim, np.float32)
+            inv_std = np.ones(self.spec.obs_dim, np.float32)
+            clip = np.float32(np.inf)
+        last_raw, last_value = cell(ms.Tensor(act_noise), ms.Tensor(reset_noise), ms.Tensor(mean),
+                                    ms.Tensor(inv_std), ms.Tensor(clip))
+        last_value = last_value.asnumpy()
+        buf = cell.buffer
+        storage.obs[:] = buf.obs.asnumpy()
+        storage.actions[:] = buf.actions.asnumpy()
+        storage.log_probs[:] = buf.log_probs.asnumpy()
+        storage.values[:] = buf.values.asnumpy()
+        rewards = buf.rewards.asnumpy().astype(np.float64)
+        terminated = buf.terminated.asnumpy().astype(bool)
+        truncated = buf.truncated.asnumpy().astype(bool)
+        valid_all = buf.valid.asnumpy().astype(bool)
+        obs_raw = cell.obs_raw.asnumpy()
+        last_raw = last_raw.asnumpy()
+        t_graph = time.perf_counter() - t0
+        for t in range(T):
+            self._check_finite(obs_raw[t], rewards[t], step + t * N)
+        self._check_finite(last_raw, None, step + T * N)
+        for t in range(T):
+            storage.rewards[t] = self._account_step(rewards[t], terminated[t] | truncated[t], valid_all[t])
+        storage.terminated[:] = terminated
+        storage.truncated[:] = truncated
+        storage.valid[:] = valid_all
+        if self.obs_normalizer is not None:
+            self.obs_normalizer.rms.update(obs_raw.reshape(-1, self.spec.obs_dim))
+        self.obs = self.normalize_obs(last_raw, update=False)
+        self.valid = ~(terminated[-1] | truncated[-1])
+        return t_graph, 0.0, last_value
+
+    # ------------------------------------------------------------------ state
+    def inflight_state(self) -> Optional[dict]:
+        if self.obs is None:
+            return None
+        return {"obs": self.obs.tolist(), "valid": self.valid.tolist(), "ep_return": self.ep_return.tolist(),
+                "ep_length": self.ep_length.tolist()}
+
+    def restore_inflight(self, env, inflight: dict) -> None:
+        self.env = env
+        self._rollout_cell = None  # a compiled rollout is bound to the previous env's Parameters
+        self.obs = np.asarray(inflight["obs"], np.float32)
+        self.valid = np.asarray(inflight["valid"], bool)
+        self.ep_return = np.asarray(inflight["ep_return"], np.float64)
+        self.ep_length = np.asarray(inflight["ep_length"], np.int64)
+
+    def close(self) -> None:
+        self.env.close()

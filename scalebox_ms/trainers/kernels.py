@@ -1,0 +1,146 @@
+"""Kernel selection: which implementation runs the acting call and the PPO update.
+
+Two choices, one rule each, both logged the same way (logger ``scalebox_ms``, one INFO line saying which path
+was chosen and why; a WARNING when an ``auto`` choice had to fall back because the kernel could not be built):
+
+* ``policy.act_kernel`` -- the acting call: ``builtin`` (MindSpore ops in the compiled :class:`ActStep`) or
+  ``custom`` (the C++ fused-MLP aot kernel, CPU, float32, inference only). ``auto`` picks ``custom`` on CPU for
+  float32 models up to :data:`AUTO_ACT_MAX_MACS` multiply-adds per call, where ``benchmarks/acting_kernels.py``
+  measured it faster (docs/performance.md has the table).
+* ``ppo.update_kernel`` -- the minibatch update: ``builtin`` (the compiled :class:`PPOUpdateStep` graph) or
+  ``custom`` (the C++ :class:`PPOUpdateKernel`: forward, hand-derived backward, clip and Adam, all epochs in one
+  call). The kernel implements a fixed subset of the configuration
+  (:func:`scalebox_ms.ops.custom.update.unsupported_settings` lists what it does not); any setting outside it
+  makes ``auto`` use the compiled graph and ``custom`` a :class:`ConfigError`. ``auto`` also keeps the graph
+  above :data:`AUTO_UPDATE_MAX_BATCH` rows per minibatch (not measured beyond; ``benchmarks/update_kernel.py``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional, Tuple
+
+from ..config import micro_batches
+from ..errors import ConfigError, CustomOpError
+
+log = logging.getLogger("scalebox_ms")
+
+# largest CartPole acting batch measured faster with the custom kernel (benchmarks/acting_kernels.py), as
+# multiply-adds per call so that other MLP sizes scale from it: custom where batch * macs <= AUTO_ACT_MAX_MACS
+_CARTPOLE_MACS = (4 * 64 + 64 * 64 + 64 * 2) + (4 * 64 + 64 * 64 + 64 * 1)
+AUTO_ACT_MAX_MACS = 4096 * _CARTPOLE_MACS
+# largest minibatch at which benchmarks/update_kernel.py measured the update kernel faster
+AUTO_UPDATE_MAX_BATCH = 16384
+
+
+def _report(key: str, choice: str, chosen: str, reason: str, fallback: bool = False) -> None:
+    (log.warning if fallback else log.info)("%s %s: %s (%s)", key, choice, chosen, reason)
+
+
+def model_macs(model) -> int:
+    """Multiply-adds per sample of the policy and value MLPs (logical sizes)."""
+    from ..ops.fused import mlp_layers
+
+    return sum(layer.in_features * layer.out_features for net in (model.pi_net, model.vf_net)
+               for layer in mlp_layers(net))
+
+
+def resolve_act_kernel(model, choice: str, num_envs: int) -> Tuple[str, str]:
+    """('builtin' | 'custom', why) for ``policy.act_kernel = choice`` at batch ``num_envs``."""
+    import mindspore as ms
+
+    if choice in ("builtin", "custom"):
+        return choice, "as configured"
+    if choice != "auto":
+        raise ConfigError(f"policy.act_kernel: {choice!r} is not one of builtin, custom, auto")
+    from ..ops.custom import kernel_available
+
+    device = ms.get_context("device_target")
+    if device != "CPU":
+        return "builtin", f"the C++ kernel is CPU code, this is {device}"
+    if getattr(model, "amp_level", "O0") != "O0":
+        return "builtin", f"amp.level {model.amp_level}: the kernel computes in float32"
+    if not kernel_available():
+        return "builtin", "no C++ compiler and no cached kernel"
+    macs = int(num_envs) * model_macs(model)
+    if macs > AUTO_ACT_MAX_MACS:
+        return "builtin", f"{macs} multiply-adds per call exceed the measured range ({AUTO_ACT_MAX_MACS})"
+    return "custom", f"{macs} multiply-adds per call, within the range measured faster"
+
+
+def build_act_steps(model, policy_cfg, num_envs: int):
+    """(act_step, packed_act_step) per ``policy.act_kernel``; the choice is logged once.
+
+    ``custom`` that cannot be built raises :class:`CustomOpError`; ``auto`` then falls back to ``builtin``."""
+    from ..models import ActStep
+
+    choice = policy_cfg.act_kernel
+    kernel, reason = resolve_act_kernel(model, choice, num_envs)
+    if choice == "auto" and kernel == "custom":
+        try:
+            steps = ActStep(model, kernel="custom"), ActStep(model, packed=True, kernel="custom")
+        except CustomOpError as exc:
+            _report("policy.act_kernel", choice, "builtin", f"the custom kernel cannot be built: {exc}", fallback=True)
+            return ActStep(model, kernel="builtin"), ActStep(model, packed=True, kernel="builtin")
+        _report("policy.act_kernel", choice, "custom", reason)
+        return steps
+    try:
+        steps = ActStep(model, kernel=kernel), ActStep(model, packed=True, kernel=kernel)
+    except CustomOpError as exc:
+        raise CustomOpError(f"policy.act_kernel: custom: {exc}") from None
+    _report("policy.act_kernel", choice, kernel, reason)
+    return steps
+
+
+def update_kernel_blockers(config, amp, world_size: int, device: str) -> list:
+    """Why the C++ update kernel cannot run this configuration (empty: it can)."""
+    from ..ops.custom.update import unsupported_settings
+
+    blockers = []
+    if device != "CPU":
+        blockers.append(f"the {device} backend (the kernel is CPU code)")
+    if amp is not None:
+        blockers.append(f"amp.level {amp.level} (the kernel computes in float32)")
+    if world_size > 1:
+        blockers.append("data parallelism (the kernel has no all-reduce)")
+    if micro_batches(config) > 1:
+        blockers.append("gradient accumulation")
+    if config.policy.layer != "dense":
+        blockers.append(f"policy.layer {config.policy.layer}")
+    blockers += [f"{s} (not implemented by the kernel)" for s in unsupported_settings(config.ppo, config.policy)]
+    return blockers
+
+
+def select_update_kernel(config, model, optimizer, amp, world_size: int, device: str) -> Optional[object]:
+    """The :class:`PPOUpdateKernel` over ``optimizer``'s state per ``ppo.update_kernel``, or None for the
+    compiled graph; the choice is logged."""
+    choice = config.ppo.update_kernel
+    if choice == "builtin":
+        _report("ppo.update_kernel", choice, "compiled graph", "as configured")
+        return None
+    from ..ops.custom import PPOUpdateKernel
+
+    blockers = update_kernel_blockers(config, amp, world_size, device)
+    if choice == "custom":
+        if blockers:
+            raise ConfigError(f"ppo.update_kernel: custom cannot run with {blockers[0]}; use builtin or auto")
+        try:
+            kernel = PPOUpdateKernel(model, optimizer, config.ppo, policy_cfg=config.policy)
+        except CustomOpError as exc:
+            raise CustomOpError(f"ppo.update_kernel: custom: {exc}") from None
+        _report("ppo.update_kernel", choice, "C++ kernel", "as configured")
+        return kernel
+    batch = config.ppo.batch_size
+    if batch == "auto":
+        blockers.append("ppo.batch_size auto (the size is probed with the compiled graph)")
+    elif batch // world_size > AUTO_UPDATE_MAX_BATCH:
+        blockers.append(f"minibatch {batch // world_size} > {AUTO_UPDATE_MAX_BATCH}, beyond the measured range")
+    if blockers:
+        _report("ppo.update_kernel", choice, "compiled graph", "; ".join(blockers))
+        return None
+    try:
+        kernel = PPOUpdateKernel(model, optimizer, config.ppo, policy_cfg=config.policy)
+    except CustomOpError as exc:
+        _report("ppo.update_kernel", choice, "compiled graph", f"the C++ kernel cannot be built: {exc}", fallback=True)
+        return None
+    _report("ppo.update_kernel", choice, "C++ kernel", "CPU, float32, one process, settings it implements")
+    return kernel

@@ -1,0 +1,56 @@
+"""Host-memory estimates checked before a run allocates (or writes) anything.
+
+A rollout (and, for off-policy algorithms, a replay buffer) is sized by the config alone; a size the machine
+cannot hold must be a one-line :class:`ConfigError` at start-up, not a ``MemoryError`` traceback minutes in with a
+half-made run directory. The estimate counts every host array of one iteration, not only the storage: the
+rollout arrays, GAE's temporaries, the flattened and packed update inputs and their MindSpore copies.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from ..errors import ConfigError
+
+
+def available_bytes() -> Optional[int]:
+    """Memory the kernel says can be allocated without swapping (``MemAvailable``), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def rollout_bytes(samples: int, obs_dim: int, action_width: int) -> int:
+    """Host bytes of one PPO iteration over ``samples`` = n_steps x envs of this process."""
+    storage = 4 * obs_dim + 4 * action_width + 4 * 3 + 3          # obs, actions, log-prob/value/reward, 3 flags
+    gae = 4 * 6                                                    # advantages, returns and 4 temporaries
+    update = 2 * 4 * (obs_dim + 5) + 2 * 4 * action_width          # packed features + actions, numpy and Tensor
+    return int(samples) * (storage + gae + update)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1024 or unit == "PB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024.0
+    return f"{n:.1f} PB"
+
+
+def check_fits(key: str, what: str, need: int, limit: Optional[int] = None) -> None:
+    """Raise a one-line ConfigError naming ``key`` when ``need`` bytes exceed the memory available now or
+    ``limit`` (``sandbox.memory_limit``)."""
+    avail = available_bytes()
+    budget, source = avail, "available on this machine"
+    if limit is not None and (budget is None or limit < budget):
+        budget, source = limit, "allowed by sandbox.memory_limit"
+    if budget is not None and need > budget:
+        raise ConfigError(f"{key}: {what} needs about {_size(need)} of host memory, more than the {_size(budget)} "
+                          f"{source}")

@@ -1,0 +1,168 @@
+"""What a checkpoint holds of a trainer, and how it is put back.
+
+:func:`save` captures the trainer's state -- the model Parameters and the optimizer state (and the AMP loss
+scaler's) in the logical ``nn.Dense`` layout, and in the sidecar the config, counters, episode statistics,
+normalisation statistics, the Generator's state, the in-flight rollout state and a hash of the parameters --
+and writes it with :func:`scalebox_ms.trainers.checkpoint.write_checkpoint`. :func:`load` verifies and restores
+all of it, so training continues bit for bit as if it had not stopped.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+
+import numpy as np
+
+from ..errors import CheckpointError
+
+
+def named_state(model, update_step):
+    """[(checkpoint name, Parameter)]: ``model.*``, then ``optimizer.*`` (Adam state), then the update's own state
+    (``amp.*``)."""
+    out = [("model." + n, p) for n, p in model.parameters_and_names()]
+    model_ids = {id(p) for _, p in out}
+    for name, param in update_step.optimizer.parameters_and_names():
+        if id(param) not in model_ids:
+            out.append(("optimizer." + name, param))
+    out += [(param.name, param) for param in update_step.state_parameters()]  # amp.loss_scale, ...
+    return out
+
+
+class ParameterValues:
+    """Read all state Parameters to numpy, and write values back so that compiled graphs see them."""
+
+    def __init__(self, named):
+        self.named = named
+        self._writer = None
+
+    def snapshot(self):
+        return [param.asnumpy().copy() for _, param in self.named]
+
+    def restore(self, values) -> None:
+        import mindspore as ms
+
+        from ..ops import AssignParameters
+
+        if self._writer is None:
+            self._writer = AssignParameters([param for _, param in self.named])
+        self._writer.write(ms.Tensor(np.asarray(v, dtype=param.asnumpy().dtype))
+                           for (_, param), v in zip(self.named, values))
+
+
+def parameters_sha256(model) -> str:
+    """SHA-256 over all policy/value parameters (name, dtype, shape, bytes), sorted by name, in the logical
+    (nn.Dense) layout: a FusedDense model hashes like the dense model with the same weights."""
+    h = hashlib.sha256()
+    for name, value in sorted(model.logical_parameters(), key=lambda kv: kv[0]):
+        arr = np.ascontiguousarray(value)
+        h.update(name.encode())
+        h.update(str(arr.dtype).encode())
+        h.update(str(arr.shape).encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def save(trainer, prefix: str) -> str:
+    """Write a checkpoint of ``trainer`` at ``prefix``; returns the sidecar path."""
+    import mindspore as ms
+
+    from ..envs import state as env_state
+    from .checkpoint import write_checkpoint
+
+    c = trainer.collector
+    # stored in the logical (nn.Dense) layout whatever policy.layer/align: FusedDense padding is not saved
+    tensors = [{"name": name, "data": ms.Tensor(trainer.model.to_logical(name, param.asnumpy()))}
+               for name, param in trainer._named_state()]
+    sidecar = {
+        "config": trainer.config.to_dict(),
+        "global_step": trainer.global_step,
+        "iteration": trainer.iteration,
+        "wall_time_s": trainer.wall_time_s,
+        "episodes": c.episodes,
+        "episode_returns": list(c.episode_returns),
+        "episode_lengths": list(c.episode_lengths),
+        "rng": c.rng.bit_generator.state,
+        "obs_normalizer": c.obs_normalizer.state_dict() if c.obs_normalizer else None,
+        "reward_scaler": c.reward_scaler.state_dict() if c.reward_scaler else None,
+        "inflight": c.inflight_state(),
+        "space_spec": trainer.spec.__dict__,
+        "param_sha256": trainer.parameters_sha256(),
+        "batch_size": trainer.batch_size,
+        "auto_batch": trainer.auto_batch,
+        "world_size": trainer.dist.world_size,
+    }
+    snapshot = env_state.capture(c.env) if c.obs is not None else None
+    if snapshot is None and c.obs is not None:
+        sidecar["env_state_note"] = (f"{type(c.env).__name__} cannot be captured faithfully: "
+                                     "a resumed run starts fresh episodes")
+    return write_checkpoint(prefix, tensors, sidecar, env_obj=snapshot)
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj))
+
+
+def load(trainer, path: str):
+    """Restore parameters, optimizer, statistics, counters, RNG and env state from a checkpoint."""
+    from .checkpoint import read_checkpoint
+
+    ck = read_checkpoint(path)
+    sc, tensors = ck["sidecar"], ck["tensors"]
+    spec = trainer.spec.__dict__
+    if sc.get("space_spec") != spec and _jsonable(sc.get("space_spec")) != _jsonable(spec):
+        raise CheckpointError(f"checkpoint {ck['prefix']} was made for spaces {sc.get('space_spec')}, "
+                              f"this trainer has {spec}")
+    ck_env = (sc.get("config") or {}).get("env", {})
+    for key in ("id", "num_envs"):
+        if ck_env.get(key) != getattr(trainer.config.env, key):
+            raise CheckpointError(f"checkpoint {ck['prefix']} was made with env.{key}={ck_env.get(key)!r}, "
+                                  f"this trainer has env.{key}={getattr(trainer.config.env, key)!r}")
+    named = trainer._named_state()
+    missing = [n for n, _ in named if n not in tensors]
+    if missing:
+        raise CheckpointError(f"checkpoint {ck['prefix']} does not match this model: missing {missing[0]}"
+                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    for name, param in named:
+        arr = tensors[name] = trainer.model.to_storage(name, tensors[name])
+        if tuple(arr.shape) != tuple(param.shape):
+            raise CheckpointError(f"checkpoint {ck['prefix']}: {name} has shape {tuple(arr.shape)}, "
+                                  f"the model expects {tuple(param.shape)}")
+    trainer._values.restore([tensors[name] for name, _ in named])
+    c = trainer.collector
+    trainer.global_step = int(sc["global_step"])
+    trainer.iteration = int(sc["iteration"])
+    trainer.wall_time_s = float(sc["wall_time_s"])
+    c.episodes = int(sc["episodes"])
+    c.episode_returns = collections.deque(sc["episode_returns"], maxlen=100)
+    c.episode_lengths = collections.deque(sc["episode_lengths"], maxlen=100)
+    c.rng.bit_generator.state = sc["rng"]
+    runner = trainer.runner
+    if trainer.config.ppo.batch_size == "auto" and sc.get("batch_size"):
+        runner.batch_size = int(sc["batch_size"])  # resume with the size chosen before, no new probe
+        runner.auto_batch = sc.get("auto_batch") or {"chosen": runner.batch_size, "table": [], "events": []}
+    if c.obs_normalizer is not None and sc.get("obs_normalizer"):
+        c.obs_normalizer.load_state_dict(sc["obs_normalizer"])
+    if c.reward_scaler is not None and sc.get("reward_scaler"):
+        c.reward_scaler.load_state_dict(sc["reward_scaler"])
+    inflight = sc.get("inflight")
+    seed = trainer.config.run.seed
+    if trainer.dist.distributed and inflight is not None:
+        # data parallel: rank 0's checkpoint holds rank 0's env state only; every rank restarts its episodes
+        # from seeds derived from (seed, step, rank), and ranks > 0 their sampling stream likewise
+        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step)
+        if c.reward_scaler is not None:  # rank 0's per-env returns belong to episodes that no longer run
+            c.reward_scaler.returns[:] = 0.0
+        if trainer.dist.rank > 0:
+            c.rng = np.random.Generator(np.random.PCG64([seed, trainer.global_step]).jumped(trainer.dist.rank))
+    elif inflight is not None and ck["env"] is not None:
+        from ..envs import state as env_state
+
+        c.restore_inflight(env_state.restore(c.env, ck["env"]), inflight)
+    elif inflight is not None:
+        # env could not be pickled: start fresh episodes, seeded from (seed, step) so resume stays deterministic
+        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step)
+    if trainer.parameters_sha256() != sc.get("param_sha256"):
+        raise CheckpointError(f"checkpoint {ck['prefix']}: restored parameters do not hash to the recorded "
+                              "param_sha256")
+    return trainer
