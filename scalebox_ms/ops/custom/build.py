@@ -30,6 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS: dict[str, tuple[str, str]] = {
     "fused_actor_mlp": ("fused_actor_mlp.cc", "FusedActorMLP"),
 }
+#: kernel name -> the config setting that selects it (named in errors that suggest the builtin implementation)
+SETTINGS: dict[str, str] = {"fused_actor_mlp": "policy.act_kernel"}
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 CACHE_ENV = "SCALEBOX_MS_CUSTOM_OPS_CACHE"
 
@@ -101,7 +103,8 @@ def library_path(name: str, build: bool = True) -> str:
     exe = shutil.which(cmd[0]) if cmd else None
     if exe is None:
         raise CustomOpError(f"custom op {name!r}: C++ compiler {' '.join(cmd) or '(empty CXX)'!r} not found; "
-                            f"install g++ or set CXX, or use the builtin kernel (policy.act_kernel: builtin)")
+                            f"install g++ or set CXX, or use the builtin implementation "
+                            f"({SETTINGS.get(name, 'the kernel setting')}: builtin)")
     try:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{name}-", suffix=".so", dir=directory)

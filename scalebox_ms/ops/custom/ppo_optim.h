@@ -40,8 +40,9 @@ inline void adam(float *w, float *m, float *v, const float *g, int64_t n, float 
 
 // The optimizer step from the blocks' partial gradients (pi, vf: one LayerBuf vector per block; log_std: one
 // double vector per block, unused for discrete actions): combine, clip by the global norm, Adam (in place).
+// Returns false, changing nothing, when a gradient is not finite (the global norm is then inf or nan).
 using BlockGrads = std::vector<std::vector<LayerBuf> *>;
-void apply_update(Ctx &c, const BlockGrads &bpi, const BlockGrads &bvf,
+bool apply_update(Ctx &c, const BlockGrads &bpi, const BlockGrads &bvf,
                   const std::vector<const std::vector<double> *> &bls) {
   const int act_dim = c.act_dim, NB = static_cast<int>(bls.size());
   combine_grads(c.pi, bpi);  // block order 0, 1, ..., NB-1
@@ -67,6 +68,7 @@ void apply_update(Ctx &c, const BlockGrads &bpi, const BlockGrads &bvf,
       sq += static_cast<double>(gls[j]) * gls[j];
     }
   }
+  if (!std::isfinite(sq)) return false;
   const float norm = static_cast<float>(std::sqrt(sq));
   const float coef = std::min(c.max_norm / (norm + 1e-6f), 1.0f);
 
@@ -82,4 +84,5 @@ void apply_update(Ctx &c, const BlockGrads &bpi, const BlockGrads &bvf,
     adam(L.b, L.mb, L.vb, L.gb.data(), L.out, coef, lr_t, beta1, beta2, eps);
   }
   if (!c.discrete) adam(c.log_std, c.m_log_std, c.v_log_std, gls.data(), act_dim, coef, lr_t, beta1, beta2, eps);
+  return true;
 }

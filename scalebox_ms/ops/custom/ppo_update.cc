@@ -15,7 +15,7 @@
 // minibatch step with its threads, and the entry points.
 //
 // PPOUpdate: inputs as enum Input (params[0 .. nparam-2]); output (params[nparam-1]) float32 (kNStats,): the
-// statistics of layout.h (kStatFinite and kStatLossScale are always 1).
+// statistics of layout.h (kStatFinite is 0 for a step skipped as non-finite; kStatLossScale is always 1).
 //
 // PPOUpdateEpochs (same inputs): indices int32 (n_mb, M), one minibatch per row in the order they are to run
 // (epoch-major); output float32 (n_mb, kNStats + 1): per row the statistics and kRan (1 if the row ran). The rows
@@ -296,10 +296,11 @@ __attribute__((noinline)) void step(Ctx &c, const int32_t *idx, int M, float *ou
   out[kStatApproxKl] = approx_kl;
   out[kStatClipFraction] = clip_fraction;
   out[kStatKlOk] = kl_ok ? 1.0f : 0.0f;
-  out[kStatFinite] = 1.0f;
-  out[kStatLossScale] = 1.0f;
+  out[kStatFinite] = std::isfinite(out[kStatLoss]) ? 1.0f : 0.0f;  // as PPOUpdateStep: a non-finite loss or
+  out[kStatLossScale] = 1.0f;                                       // gradient skips the step
   *c.lr_param = c.lr;
-  if (c.kl_stop && !kl_ok) return;  // SB3's early stop: nothing changes
+  if (out[kStatFinite] == 0.0f) return;  // nothing changes (the trainer counts and bounds these)
+  if (c.kl_stop && !kl_ok) return;       // SB3's early stop: nothing changes
 
   std::vector<std::vector<LayerBuf> *> bpi, bvf;
   std::vector<const std::vector<double> *> bls;
@@ -317,7 +318,7 @@ __attribute__((noinline)) void step(Ctx &c, const int32_t *idx, int M, float *ou
       bls.push_back(&c.blocks[b].g_log_std);
     }
   }
-  apply_update(c, bpi, bvf, bls);
+  if (!apply_update(c, bpi, bvf, bls)) out[kStatFinite] = 0.0f;
 }
 
 // One minibatch: indices int32 (M,), output float32 (kNStats,).
@@ -350,7 +351,7 @@ int update_epochs(int nparam, void **params, int *ndims, int64_t **shapes, const
     float *row = out + i * kWidth;
     step(c, idx + i * M, M, row);
     row[kRan] = 1.0f;
-    if (c.kl_stop && row[kStatKlOk] == 0.0f) break;
+    if (c.kl_stop && row[kStatKlOk] == 0.0f && row[kStatFinite] != 0.0f) break;
   }
   return kOk;
 }

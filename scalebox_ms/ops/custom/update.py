@@ -3,8 +3,8 @@
 ``PPOUpdateKernel(model, optimizer, ppo_cfg)`` is a drop-in for
 :class:`scalebox_ms.trainers.ppo_update.PPOUpdateStep` without AMP, data parallelism or micro-batches:
 ``kernel(features, actions, indices, learning_rate, clip_range, clip_range_vf, kl_limit)`` returns the same
-float32 ``(N_STATS,)`` vector, columns :data:`scalebox_ms.ops.layout.STAT_COLUMNS` (``finite`` and ``loss_scale``
-are always 1; ``ops/custom/layout.h`` mirrors the names for the C++), and applies the same update: the gradient
+float32 ``(N_STATS,)`` vector, columns :data:`scalebox_ms.ops.layout.STAT_COLUMNS` (``finite`` is 0 when a non-finite loss or gradient skipped the step, ``loss_scale``
+is always 1; ``ops/custom/layout.h`` mirrors the names for the C++), and applies the same update: the gradient
 of PPOLoss (the maths of :mod:`scalebox_ms.trainers.ppo_update`, derived by hand in ``ppo_loss.h``), the
 global-norm clip ``g * min(1, max_norm / (norm + 1e-6))`` and MindSpore ``nn.Adam``'s step (``P.Adam``'s CPU
 formula, beta powers, ``global_step``); with ``ppo_cfg.target_kl`` set, nothing changes when
@@ -65,11 +65,12 @@ from ...errors import CustomOpError
 from ..fused import mlp_layers
 from ..layout import N_STATS
 from .actor import ACT_IDS, MAX_LAYERS
-from .build import KERNELS, func_spec, library_path
+from .build import KERNELS, SETTINGS, func_spec, library_path
 from .status import custom_op_errors
 
 KERNEL = "ppo_update"
 KERNELS.setdefault(KERNEL, ("ppo_update.cc", "PPOUpdate"))  # registered here: build.py is shared code
+SETTINGS.setdefault(KERNEL, "ppo.update_kernel")
 EPOCHS_SYMBOL = "PPOUpdateEpochs"  # second entry point of ppo_update.cc: all minibatches of an update in one call
 
 #: config fields the kernel reads or implements (from the config, the model, the optimizer or a per-call input)
