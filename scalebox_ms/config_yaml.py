@@ -159,8 +159,13 @@ def coerce(name: str, tp, value: Any) -> Any:
             if abs(int(value)) >= 2**63:  # every integer setting is a count, size or seed that MindSpore holds in int64
                 raise ConfigError(f"{name}: expected a 64-bit integer, got {got}")
             return int(value)
+        if isinstance(value, str) and len(value) < 100:  # YAML 1.1 reads "1e5" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            return int(value)  # YAML writes 1e5 as a float
+            return int(value)  # 1e5 written as a float
         raise ConfigError(f"{name}: expected an integer, got {got}")
     if tp is float:
         if isinstance(value, numbers.Real) and not isinstance(value, bool):

@@ -23,6 +23,10 @@ def test_yaml_maps_onto_dataclasses(tmp_path):
 
 def test_integer_written_as_float_is_accepted():
     assert Config.from_dict({"run": {"total_steps": 1e5}}).run.total_steps == 100000
+    # YAML 1.1 reads 1e5 (no dot) as the string "1e5": accepted like float keys accept "1e-3"
+    assert Config().with_overrides(["run.total_steps=1e5"]).run.total_steps == 100000
+    with pytest.raises(ConfigError, match=r"run\.total_steps: expected an integer"):
+        Config().with_overrides(["run.total_steps=1.5e0"])
 
 
 @pytest.mark.parametrize("data, culprit", [
