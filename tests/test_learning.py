@@ -1,4 +1,4 @@
-"""Long learning runs (marked slow; run with `pytest -m slow`). The numbers are recorded in README."""
+"""Long learning runs (marked slow; run with `pytest -m slow`). The numbers are recorded in docs/performance.md."""
 import os
 
 import numpy as np
@@ -23,6 +23,21 @@ def train_and_eval(preset, seed, episodes=20, **overrides):
 @pytest.mark.slow
 def test_cartpole_solves_at_100k_steps():
     assert train_and_eval("ppo_cartpole.yaml", seed=0) >= 475
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,threshold", [("ppo_cartpole.yaml", 475), ("ppo_pendulum.yaml", -300)])
+def test_the_plain_compiled_graph_path_learns(preset, threshold):
+    """The presets run the C++ kernels; this keeps MindSpore's own graphs (float32 nn.Dense, autodiff update,
+    builtin acting) under a learning test."""
+    trainer = PPOTrainer(load_config(os.path.join(REPO, "configs", preset),
+                                     ["run.seed=0", "run.progress=false", "ppo.update_kernel=builtin",
+                                      "policy.act_kernel=builtin", "policy.layer=dense", "amp.level=O0"]))
+    assert type(trainer.update_step).__name__ == "PPOUpdateStep" and trainer.act_step.kernel == "builtin"
+    trainer.learn()
+    mean = float(np.mean(evaluate_policy(trainer, episodes=20, seed=10_000)))
+    trainer.close()
+    assert mean >= threshold
 
 
 @pytest.mark.slow

@@ -1,0 +1,161 @@
+"""Defects found by a hostile user in the trainer: memory estimate, non-finite data, OOM matching, config copy."""
+import logging
+
+import numpy as np
+import pytest
+
+from conftest import run_module, small_config
+from scalebox_ms.errors import ConfigError, TrainingError
+
+
+# ---------------------------------------------------------------------- rollout memory estimated up front
+def test_a_rollout_larger_than_memory_is_refused_at_construction():
+    from scalebox_ms.trainers import PPOTrainer
+
+    with pytest.raises(ConfigError, match=r"^ppo\.n_steps: .*1000000000000 x 4 .*needs about .* more than"):
+        PPOTrainer(small_config(ppo={"n_steps": 10**12, "batch_size": 32}))
+
+
+def test_sandbox_memory_limit_bounds_the_estimate():
+    from scalebox_ms.trainers.memory import available_bytes, check_fits
+
+    avail = available_bytes()
+    assert avail and avail > 2**20
+    check_fits("k.key", "a thing", 2**20)  # fits
+    with pytest.raises(ConfigError, match=r"^k\.key: a thing needs about 1\.0 MB .* more than the 512\.0 KB allowed "
+                                          r"by sandbox\.memory_limit$"):
+        check_fits("k.key", "a thing", 2**20, limit=2**19)
+    with pytest.raises(ConfigError, match=r"available on this machine"):
+        check_fits("k.key", "a thing", 4 * avail, limit=8 * avail)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("n_steps,extra,source", [
+    ("1000000000000", [], "available on this machine"),
+    ("1e8", [], "available on this machine"),
+    ("4194304", ["--set", "sandbox.memory_limit=1GB"], "allowed by sandbox.memory_limit"),  # ~2 GB for 8 envs
+])
+def test_cli_refuses_a_huge_rollout_in_one_line_and_writes_nothing(tmp_path, n_steps, extra, source):
+    run_dir = tmp_path / "run"
+    r = run_module("train", "--set", f"ppo.n_steps={n_steps}", *extra, "--run-dir", run_dir, "--no-progress")
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "ppo.n_steps" in lines[0] and "needs about" in lines[0], r.stderr
+    assert source in lines[0], lines[0]
+    assert "Traceback" not in r.stderr
+    assert not run_dir.exists()
+
+
+# ---------------------------------------------------------------------- non-finite observations and rewards
+@pytest.mark.parametrize("env_id,what", [("nan_envs:NaNObsCartPole-v0", "observation"),
+                                         ("nan_envs:NaNRewardCartPole-v0", "reward")])
+def test_non_finite_env_output_stops_the_run_before_the_weights_change(env_id, what):
+    from scalebox_ms.trainers import PPOTrainer
+
+    tr = PPOTrainer(small_config(env={"id": env_id, "num_envs": 4}))
+    before = tr.parameters_sha256()
+    with pytest.raises(TrainingError, match=rf"env '{env_id}' returned a non-finite {what} .* at env index \d, step \d+"):
+        tr.learn()
+    assert tr.parameters_sha256() == before  # the NaN never reached an update
+    assert tr.global_step == 0
+    tr.close()
+
+
+def _nan_batch(tr, B=64):
+    rng = np.random.default_rng(0)
+    d = tr.spec.obs_dim
+    batch = {"obs": rng.standard_normal((B, d)).astype(np.float32),
+             "actions": rng.integers(0, 2, B).astype(np.int32),
+             "log_probs": np.full(B, -0.69, np.float32), "values": np.zeros(B, np.float32),
+             "advantages": rng.standard_normal(B).astype(np.float32), "returns": np.zeros(B, np.float32),
+             "mask": np.ones(B, np.float32)}
+    batch["returns"][:] = np.nan  # non-finite value targets: every minibatch loss is NaN
+    return batch
+
+
+@pytest.mark.parametrize("kernel", ["builtin", "custom"])
+def test_a_non_finite_loss_skips_the_update_and_repeated_ones_stop_the_run(kernel, kernel_cache):
+    import mindspore as ms
+
+    from scalebox_ms.trainers import PPOTrainer
+    from scalebox_ms.trainers.update_runner import NONFINITE_LIMIT
+
+    tr = PPOTrainer(small_config(ppo={"update_kernel": kernel, "n_epochs": 2, "batch_size": 32}))
+    state = [p.copy() for p in tr._values.snapshot()]
+    args = (0.001, 0.2, ms.Tensor(np.float32(np.inf)), ms.Tensor(np.float32(np.inf)), 0)
+    stats = tr.runner.run(_nan_batch(tr), *args)
+    assert stats["nonfinite_updates"] == stats["minibatch_steps"] == 4 and stats["n_updates"] == 0
+    for a, b in zip(state, tr._values.snapshot()):  # weights and Adam state untouched
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TrainingError, match=rf"non-finite in {NONFINITE_LIMIT} consecutive minibatch steps"):
+        for _ in range(NONFINITE_LIMIT):
+            tr.runner.run(_nan_batch(tr), *args)
+    assert all(np.isfinite(v).all() for v in tr._values.snapshot())
+    tr.close()
+
+
+# ---------------------------------------------------------------------- out-of-memory detection
+def test_oom_detection_matches_mindsporess_messages_only():
+    from scalebox_ms.trainers.autobatch import is_oom_error
+
+    assert is_oom_error(MemoryError())
+    for text in ("Memory not enough: current free memory size[0] is smaller than required size[1048576]",
+                 "Device(id:0) memory isn't enough and alloc failed, kernel name: MatMul",
+                 "Allocate memory failed, maybe device memory(device id:0) isn't enough",
+                 "CUDA out of memory."):
+        assert is_oom_error(RuntimeError(text)), text
+    for text in ("no room left in the tuple", "zoom factor must be positive", "broom", "memory pool stats: ok"):
+        assert not is_oom_error(RuntimeError(text)), text
+
+
+# ---------------------------------------------------------------------- the caller's config is not mutated
+def test_learn_with_total_steps_does_not_change_the_callers_config():
+    from scalebox_ms.trainers import PPOTrainer
+
+    cfg = small_config()
+    tr = PPOTrainer(cfg)
+    tr.learn(total_steps=128)
+    assert cfg.run.total_steps == 256 and tr.config.run.total_steps == 128
+    assert tr.config is not cfg
+    tr.close()
+
+
+# ---------------------------------------------------------------------- stochastic predict is seeded
+def test_stochastic_predict_is_reproducible_per_seed():
+    from scalebox_ms.trainers import PPOTrainer
+
+    obs = np.random.default_rng(1).standard_normal((256, 4)).astype(np.float32)
+    a = PPOTrainer(small_config()).predict(obs, deterministic=False)
+    b = PPOTrainer(small_config()).predict(obs, deterministic=False)
+    np.testing.assert_array_equal(a, b)
+    tr = PPOTrainer(small_config())
+    c = tr.predict(obs, deterministic=False, rng=np.random.default_rng(5))
+    d = tr.predict(obs, deterministic=False, rng=np.random.default_rng(5))
+    np.testing.assert_array_equal(c, d)
+    assert not np.array_equal(c, tr.predict(obs, deterministic=False, rng=np.random.default_rng(6)))
+
+
+# ---------------------------------------------------------------------- kernel choices are logged
+def test_both_auto_kernel_rules_log_their_choice_and_reason(caplog, kernel_cache):
+    from scalebox_ms.trainers import PPOTrainer
+
+    with caplog.at_level(logging.INFO, logger="scalebox_ms"):
+        PPOTrainer(small_config(ppo={"update_kernel": "auto"}, policy={"act_kernel": "auto"})).close()
+        PPOTrainer(small_config(ppo={"update_kernel": "auto", "target_kl": 0.01, "clip_range_vf": 0.2},
+                                amp={"level": "O2"}, policy={"act_kernel": "auto"})).close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert "policy.act_kernel auto: custom (" in "\n".join(lines)
+    assert "ppo.update_kernel auto: C++ kernel (" in "\n".join(lines)
+    assert any(m.startswith("ppo.update_kernel auto: compiled graph (amp.level O2") for m in lines), lines
+    assert any(m.startswith("policy.act_kernel auto: builtin (amp.level O2") for m in lines), lines
+
+
+def test_stochastic_evaluation_is_reproducible_per_seed():
+    from scalebox_ms.trainers import PPOTrainer
+    from scalebox_ms.trainers.evaluation import evaluate_policy
+
+    tr = PPOTrainer(small_config())
+    runs = [list(evaluate_policy(tr, episodes=6, seed=s, deterministic=False)) for s in (7, 7, 8)]
+    tr.close()
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
