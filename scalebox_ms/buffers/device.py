@@ -2,7 +2,7 @@
 
 Both keep their data in MindSpore Parameters, so compiled graphs (a native-env rollout, a train step) can
 write and read them without a host round trip. Writes go through Tensor-index assignment / ``scatter_update``
-(``param[s:e] = x`` inside a graph is silently dropped on MindSpore 2.10, see DESIGN.md); flags are stored as
+(``param[s:e] = x`` inside a graph is silently dropped on MindSpore 2.10, see docs/design.md); flags are stored as
 uint8 because the CPU ScatterNdUpdate kernel has no bool variant. Anything random (replay sampling) takes its
 uniform noise as an input, drawn by a numpy Generator, so results are reproducible and checkpointable.
 """

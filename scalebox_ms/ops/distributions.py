@@ -3,7 +3,7 @@
 Sampling takes its noise as an input (Gumbel noise for Categorical, standard normal noise for Gaussian) drawn
 by the trainer's numpy Generator. That keeps every random draw reproducible and checkpointable, and avoids
 MindSpore 2.10's CPU RNG pitfalls (``RandomCategorical`` returns one sample per batch; random ops in helpers
-repeat their draw; see DESIGN.md).
+repeat their draw; see docs/design.md).
 """
 import math
 

@@ -4,7 +4,7 @@ one compiled graph (dynamics, time limit, NEXT_STEP autoreset).
 The Python API matches gymnasium 1.x vector envs in ``AutoresetMode.NEXT_STEP`` (what PPOTrainer expects), so
 ``env.backend: native`` swaps it in without other changes. Reset noise is drawn by a numpy Generator seeded in
 ``reset(seed)`` and passed into the graph (MindSpore 2.10's in-graph random ops are unreliable on CPU, see
-DESIGN.md); the env pickles to plain arrays, so checkpoints resume it mid-episode.
+docs/design.md); the env pickles to plain arrays, so checkpoints resume it mid-episode.
 """
 from __future__ import annotations
 
