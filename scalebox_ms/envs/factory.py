@@ -12,7 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, short_repr
 from .spaces import SpaceSpec
 
 
@@ -27,7 +27,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         from .native import SUPPORTED, make_native
 
         if env_id not in SUPPORTED:
-            raise ConfigError(f"env.backend: native has no {env_id!r} (it has {', '.join(SUPPORTED)})")
+            raise ConfigError(f"env.backend: native has no {short_repr(env_id)} (it has {', '.join(SUPPORTED)})")
         return make_native(env_id, num_envs)
     kwargs = dict(kwargs or {})
     registered_id = env_id
@@ -36,11 +36,11 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise ConfigError(f"env.id: {env_id!r}: cannot import {module!r} ({exc})") from None
+            raise ConfigError(f"env.id: {short_repr(env_id)}: cannot import {module!r} ({exc})") from None
     try:
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:
-        raise ConfigError(f"env.id: unknown environment {env_id!r} ({_first_line(exc)})") from None
+        raise ConfigError(f"env.id: unknown environment {short_repr(env_id)} ({_first_line(exc)})") from None
     try:
         if isolation in ("process", "strict"):
             from .isolated import IsolatedVectorEnv, WorkerFailure
@@ -49,20 +49,20 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
                 env = IsolatedVectorEnv(env_id, num_envs, kwargs, step_timeout=step_timeout,
                                         memory_limit_bytes=worker_memory_limit)
             except WorkerFailure as exc:
-                raise ConfigError(f"env.id: {env_id!r} cannot start in an isolated worker ({exc.kind}: "
+                raise ConfigError(f"env.id: {short_repr(env_id)} cannot start in an isolated worker ({exc.kind}: "
                                   f"{_first_line(exc)}); check sandbox.worker_memory_limit/step_timeout") from None
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
                     else "sync")
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
-        raise ConfigError(f"env.id: {env_id!r} needs an optional dependency ({_first_line(exc)})") from None
+        raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({_first_line(exc)})") from None
     except (gym.error.Error, TypeError, ValueError) as exc:
-        raise ConfigError(f"env.id: cannot create {env_id!r} with env.kwargs={kwargs} ({_first_line(exc)})") from None
+        raise ConfigError(f"env.id: cannot create {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} ({_first_line(exc)})") from None
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if AutoresetMode(autoreset) != AutoresetMode.NEXT_STEP:
         env.close()
-        raise ConfigError(f"env.id: {env_id!r} vector env uses autoreset mode {autoreset}; scalebox_ms needs NEXT_STEP")
+        raise ConfigError(f"env.id: {short_repr(env_id)} vector env uses autoreset mode {autoreset}; scalebox_ms needs NEXT_STEP")
     try:
         space_spec(env.single_observation_space, env.single_action_space, env_id)
     except ConfigError:
@@ -73,7 +73,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         env.step(env.action_space.sample())
     except Exception as exc:
         env.close()
-        raise ConfigError(f"env.id: {env_id!r} with env.kwargs={kwargs} fails its first step "
+        raise ConfigError(f"env.id: {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} fails its first step "
                           f"({type(exc).__name__}: {_first_line(exc)})") from None
     return env
 
@@ -83,21 +83,21 @@ def space_spec(obs_space, act_space, env_id: str = "env") -> SpaceSpec:
     from gymnasium import spaces
 
     if not isinstance(obs_space, spaces.Box):
-        raise ConfigError(f"env.id: {env_id!r} has observation space {type(obs_space).__name__}; "
+        raise ConfigError(f"env.id: {short_repr(env_id)} has observation space {type(obs_space).__name__}; "
                           "scalebox_ms supports Box observations")
     obs_dim = int(np.prod(obs_space.shape))
     if isinstance(act_space, spaces.Discrete):
         if int(act_space.start) != 0:
-            raise ConfigError(f"env.id: {env_id!r} has Discrete actions starting at {act_space.start}; only start=0 is supported")
+            raise ConfigError(f"env.id: {short_repr(env_id)} has Discrete actions starting at {act_space.start}; only start=0 is supported")
         return SpaceSpec(obs_dim=obs_dim, discrete=True, action_dim=int(act_space.n))
     if isinstance(act_space, spaces.Box):
         if len(act_space.shape) != 1:
-            raise ConfigError(f"env.id: {env_id!r} has a Box action space of shape {act_space.shape}; only 1-D is supported")
+            raise ConfigError(f"env.id: {short_repr(env_id)} has a Box action space of shape {act_space.shape}; only 1-D is supported")
         if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
-            raise ConfigError(f"env.id: {env_id!r} has an unbounded Box action space; bounds are required")
+            raise ConfigError(f"env.id: {short_repr(env_id)} has an unbounded Box action space; bounds are required")
         return SpaceSpec(obs_dim=obs_dim, discrete=False, action_dim=int(act_space.shape[0]),
                          low=tuple(float(x) for x in act_space.low), high=tuple(float(x) for x in act_space.high))
-    raise ConfigError(f"env.id: {env_id!r} has action space {type(act_space).__name__}; "
+    raise ConfigError(f"env.id: {short_repr(env_id)} has action space {type(act_space).__name__}; "
                       "scalebox_ms supports Discrete and Box actions")
 
 

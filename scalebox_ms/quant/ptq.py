@@ -19,7 +19,7 @@ so for a policy as small as CartPole's (4-64-64-2, a few KB of int8 weights) the
 larger than the L1 file; for wide layers the weights dominate and the difference vanishes.
 
 Backend note: MindSpore 2.10's CPU int8 MatMul accumulates in int8 and overflows, and CPU has no int8 quant
-kernels (DESIGN.md). L2 therefore *simulates* int8 arithmetic on every backend: int8 values are cast to float32
+kernels (docs/design.md). L2 therefore *simulates* int8 arithmetic on every backend: int8 values are cast to float32
 and multiplied; products of int8 values summed over up to 1040 inputs stay below 2**24, so this equals an int32
 accumulation exactly. Real int8 kernels (Ascend ``QuantBatchMatmul``) are not wired in yet; L2 files run
 everywhere but are not faster than float on CPU.
