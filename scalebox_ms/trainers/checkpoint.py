@@ -133,6 +133,13 @@ def read_sidecar(prefix: str) -> dict:
                               f"match the step {int(m.group(1))} in its file name")
     if not isinstance(sidecar.get("config"), dict) or not isinstance(sidecar.get("ckpt_sha256"), str):
         raise CheckpointError(f"checkpoint sidecar {prefix}.json: config or ckpt_sha256 missing")
+    try:  # every iteration adds n_steps x num_envs env steps (all ranks' envs under data parallelism)
+        per_iteration = int(sidecar["config"]["ppo"]["n_steps"]) * int(sidecar["config"]["env"]["num_envs"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json: its config has no ppo.n_steps/env.num_envs") from None
+    if sidecar["global_step"] != sidecar["iteration"] * per_iteration:
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json: global_step {sidecar['global_step']} is not "
+                              f"iteration {sidecar['iteration']} x {per_iteration} env steps per iteration")
     return sidecar
 
 
