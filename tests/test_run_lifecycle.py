@@ -62,6 +62,8 @@ def one_line(exc_info):
 def test_corrupt_latest_sidecar_names_the_newest_intact_one_and_checkpoint_resumes_from_it(run_copy):
     with open(ckpt(run_copy, 192), "w") as f:
         f.write('{"format": "scalebox_ms.ppo.v1", ')  # torn JSON
+    with open(os.path.join(run_copy, "checkpoints", ".tmp-ckpt_000000000256.ckpt-x1y2.tmp"), "wb") as f:
+        f.write(b"\0" * 100)  # what a kill -9 mid-write leaves
     with pytest.raises(CheckpointError) as e:
         train_run(resume=run_copy, log=quiet)
     msg = one_line(e)
@@ -71,6 +73,7 @@ def test_corrupt_latest_sidecar_names_the_newest_intact_one_and_checkpoint_resum
     assert steps_in_metrics(run_copy) == [64, 128, 192]  # rows after 128 were dropped, then produced again
     assert read_checkpoint(ckpt(run_copy, 192))["sidecar"]["global_step"] == 192  # a fresh, intact one
     assert os.path.exists(os.path.join(run_copy, "checkpoints", "discarded", "ckpt_000000000192.json"))
+    assert no_temporaries(run_copy)
 
 
 def test_checkpoint_of_another_run_is_refused(run_copy, paused_run):

@@ -60,6 +60,16 @@ def discard_newer(run_dir: str, step: int, log) -> None:
         log(f"moved the later checkpoint(s) {', '.join(sorted(moved))} to {ckpt_dir}/discarded")
 
 
+def remove_stale_temporaries(run_dir: str) -> None:
+    """Delete the ``.tmp-*`` files a killed writer left (call with the run's lock held: no writer is active)."""
+    for d in (run_dir, os.path.join(run_dir, "checkpoints")):
+        for path in glob.glob(os.path.join(glob.escape(d), ".tmp-*")):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
     out: Dict[str, object] = {}
     for k, v in d.items():

@@ -27,7 +27,8 @@ from ..config import Config
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_path, atomic_write_json, atomic_write_text
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
-from .lifecycle import StopOnSignal, check_config_unchanged, discard_newer, select_checkpoint, truncate_metrics
+from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, remove_stale_temporaries,
+                        select_checkpoint, truncate_metrics)
 from .ppo import Callback, PPOTrainer
 
 METRIC_COLUMNS = [
@@ -328,6 +329,7 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
             _check_world_size(prefix, trainer.world_size)
             trainer.load(prefix)
             if trainer.dist.is_main:
+                remove_stale_temporaries(run_dir)
                 discard_newer(run_dir, trainer.global_step, log)
                 truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
                 log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(prefix)}")
