@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, run_cli
@@ -116,8 +117,6 @@ def main(argv=None) -> int:
         if summary is not None and not in_msrun():  # under msrun the launcher prints rank 0's summary
             print(json.dumps(summary, indent=2))
         if summary is not None and summary["status"] == "interrupted":
-            import signal
-
             print(f"interrupted by {summary['interrupted_by']} at step {summary['global_step']} (checkpoint "
                   f"written); continue with --resume {summary['run_dir']}", file=sys.stderr)
             exit_code[0] = 128 + signal.Signals[summary["interrupted_by"]].value
@@ -132,8 +131,6 @@ def _launch_workers(args, argv, cfg, workers: int):
     from .parallel.launcher import launch
     from .runlock import HELD_ENV, LOCK_NAME, RunLock
     from .trainers.run import default_run_dir
-
-    import signal
 
     # this process never imports MindSpore: take Ctrl-C directly again (KeyboardInterrupt stops msrun's workers)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
