@@ -55,7 +55,9 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    if argv is None:  # a process of its own (python -m): before numpy/MindSpore start their threads
+    # a process of its own (python -m), not one of msrun's (msrun stops its workers itself; a data-parallel rank
+    # does not stop alone): route Ctrl-C before numpy/MindSpore start their threads
+    if argv is None and not os.environ.get("MS_ROLE"):
         route_sigint_around_mindspore()
     from .parallel.context import is_msrun_scheduler, serve_as_scheduler
 
