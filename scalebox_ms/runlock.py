@@ -71,6 +71,16 @@ def _read_pid(fd: int) -> Optional[int]:
         return None
 
 
+def in_use(run_dir: str) -> bool:
+    """Whether a fresh run may not go into ``run_dir``: it exists and holds more than a data-parallel launch's log
+    directory (``msrun/``), a lock file, or temporaries of a process killed before it wrote anything."""
+    if not os.path.exists(run_dir):
+        return False
+    if not os.path.isdir(run_dir):
+        return True
+    return any(name not in ("msrun", LOCK_NAME) and not name.startswith(".tmp-") for name in os.listdir(run_dir))
+
+
 def held_by_launcher(run_dir: str) -> bool:
     """True in an msrun rank whose launching process already holds ``run_dir``'s lock."""
     held = os.environ.get(HELD_ENV)

@@ -131,7 +131,7 @@ def main(argv=None) -> int:
 def _launch_workers(args, argv, cfg, workers: int):
     from .errors import ConfigError
     from .parallel.launcher import launch
-    from .runlock import HELD_ENV, LOCK_NAME, RunLock
+    from .runlock import HELD_ENV, RunLock, in_use
     from .trainers.run import default_run_dir
 
     # this process never imports MindSpore: take Ctrl-C directly again (KeyboardInterrupt stops msrun's workers)
@@ -151,7 +151,7 @@ def _launch_workers(args, argv, cfg, workers: int):
     created = not os.path.exists(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     with RunLock(run_dir):  # this process holds the run directory for its msrun ranks
-        if fresh and set(os.listdir(run_dir)) - {LOCK_NAME}:
+        if fresh and in_use(run_dir):
             raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
         os.environ[HELD_ENV] = run_dir
         try:

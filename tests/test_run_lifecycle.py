@@ -157,6 +157,15 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_at_step_zero(
     assert not (run_dir / "train.lock").exists()
 
 
+def test_a_fresh_run_goes_into_a_directory_a_killed_run_left_before_its_config(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "train.lock").write_text("999999999\n")
+    (run_dir / ".tmp-config.yaml-k1ll3d.yaml").write_text("env:\n")  # killed while writing config.yaml
+    summary = train_run(small_config(run=EVERY_64), run_dir=str(run_dir), until=64, log=quiet)
+    assert summary["global_step"] == 64 and no_temporaries(run_dir) and not (run_dir / "train.lock").exists()
+
+
 def _hold_lock(path):
     """Another process holding the run directory's lock, as a train process does."""
     code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "

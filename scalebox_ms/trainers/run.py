@@ -266,7 +266,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
     ``profile=N`` records N iterations (after the first) with MindSpore's profiler into ``<run_dir>/profile``.
     """
     from ..parallel.context import in_msrun
-    from ..runlock import RunLock, held_by_launcher
+    from ..runlock import RunLock, held_by_launcher, in_use
 
     if profile < 0:
         raise ConfigError(f"--profile: must be >= 0, got {profile}")
@@ -297,7 +297,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         else:
             cfg = cfg if cfg is not None else Config()
             run_dir = run_dir or default_run_dir(cfg)
-            if first_rank and _in_use(run_dir):
+            if first_rank and in_use(run_dir):
                 raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
         return _train(cfg, run_dir, prefix, resume is not None, until, progress, log, profile, distributed, lock)
     finally:
@@ -305,16 +305,8 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
             lock.release()
 
 
-def _in_use(run_dir: str) -> bool:
-    """A fresh run may only go into a missing or empty directory (msrun's log dir and our lock aside)."""
-    from ..runlock import LOCK_NAME
-
-    return os.path.exists(run_dir) and (not os.path.isdir(run_dir)
-                                        or bool(set(os.listdir(run_dir)) - {"msrun", LOCK_NAME}))
-
-
 def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distributed, lock):
-    from ..runlock import RunLock, held_by_launcher
+    from ..runlock import RunLock, held_by_launcher, in_use
 
     created = not os.path.exists(run_dir)
     trainer = PPOTrainer(cfg)  # validates env id and spaces before anything is written
@@ -339,13 +331,15 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
                     os.makedirs(run_dir, exist_ok=True)
                     if lock is None and not resuming and not held_by_launcher(run_dir):
                         lock = RunLock(run_dir).acquire()
-                        if _in_use(run_dir):  # another process filled it between our first look and the lock
+                        if in_use(run_dir):  # another process filled it between our first look and the lock
                             raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume "
                                               "to continue it)")
-                    os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
-                    truncate_metrics(os.path.join(run_dir, "metrics.csv"), 0)
+                    remove_stale_temporaries(run_dir)  # (of a process killed before it wrote config.yaml)
+                    # config.yaml first: from then on --resume can restart the run (from step 0 until ckpt_0)
                     atomic_write_text(os.path.join(run_dir, "config.yaml"), cfg.to_yaml())
+                    truncate_metrics(os.path.join(run_dir, "metrics.csv"), 0)
                     atomic_write_json(os.path.join(run_dir, "environment.json"), environment_record(cfg, trainer))
+                    os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
                 except OSError as exc:
                     if created:
                         shutil.rmtree(run_dir, ignore_errors=True)
