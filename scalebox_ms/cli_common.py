@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -22,7 +24,34 @@ def run_cli(fn) -> int:
     except ScaleboxError as exc:
         sys.stderr.write(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}\n")
         return 2
-    except KeyboardInterrupt:
+    except OSError as exc:  # disk full, permission denied, ...: the file and the reason, no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        sys.stderr.write(f"error: {where}{exc.strerror or exc}\n")
+        return 2
+    except KeyboardInterrupt as exc:  # (scalebox_ms.trainers.lifecycle.Interrupted carries SIGTERM's number)
         sys.stderr.write("interrupted\n")
-        return 130
+        return 128 + getattr(exc, "signum", 2)
     return 0
+
+
+def route_sigint_around_mindspore() -> None:
+    """Deliver Ctrl-C to the main thread's Python handler as SIGINT, whatever MindSpore does with it.
+
+    While it runs a graph, MindSpore 2.10 installs its own C handler for SIGINT, which sends the process SIGTERM
+    instead. Call this before anything starts threads (numpy, MindSpore): SIGINT is then blocked in every thread
+    (threads and child processes inherit the mask), and a thread of ours waits for it and hands it to the main
+    thread with ``_thread.interrupt_main(SIGINT)``, which runs Python's SIGINT handler there (KeyboardInterrupt by
+    default, or the run's own handler).
+    """
+    import _thread
+
+    if threading.current_thread() is not threading.main_thread() or threading.active_count() > 1:
+        return  # other threads already run with SIGINT unblocked: routing would not be reliable
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def wait():
+        while True:
+            signal.sigwait({signal.SIGINT})
+            _thread.interrupt_main(signal.SIGINT)
+
+    threading.Thread(target=wait, name="scalebox-sigint", daemon=True).start()

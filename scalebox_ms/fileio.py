@@ -5,6 +5,7 @@ Every artefact scalebox_ms writes goes through a temporary file in the same dire
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -28,9 +29,18 @@ def atomic_path(path: str) -> Iterator[str]:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 (and MindSpore 0400) files
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove_temporaries(tmp)
         raise
+
+
+def _remove_temporaries(tmp: str) -> None:
+    """Remove ``tmp`` and what a writer derived from its unique stem (MindSpore writes ``<stem>.tmp`` first)."""
+    stem = os.path.splitext(tmp)[0]
+    for path in glob.glob(glob.escape(stem) + "*"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _umask() -> int:

@@ -6,14 +6,27 @@ Examples::
     python -m scalebox_ms.train --config configs/ppo_acrobot.yaml --seed 1
     python -m scalebox_ms.train --set ppo.n_epochs=10 --set env.num_envs=16 --run-dir runs/x
     python -m scalebox_ms.train --resume runs/x                   # continue a paused/interrupted run
+    python -m scalebox_ms.train --resume runs/x --checkpoint runs/x/checkpoints/ckpt_000000010240.json
+
+A run directory belongs to one train process at a time (``<run-dir>/train.lock`` holds its pid); a second one
+exits 2 naming it. ``--resume`` continues from the latest checkpoint (a corrupt one is refused, naming the newest
+intact one, which ``--checkpoint`` selects; later checkpoints are then moved to ``checkpoints/discarded/`` and
+metrics.csv is cut back to that step). A run killed before its first checkpoint starts again from step 0.
+The run's config.yaml must still match the config its checkpoint was trained with; only ``run.total_steps`` (to
+extend or shorten the run: the linear schedules follow the new horizon) and the bookkeeping keys
+``run.progress``, ``run.checkpoint_every``, ``run.keep_checkpoints``, ``run.eval_episodes`` may be edited.
+
+Ctrl-C (SIGINT) or SIGTERM stops at the end of the current iteration with a checkpoint and summary.json
+(``"status": "interrupted"``), exit code 130 or 143; a second one aborts at once.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
-from .cli_common import OneLineArgumentParser, run_cli
+from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, run_cli
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpole.yaml")
 
@@ -26,7 +39,11 @@ def build_parser():
     p.add_argument("--seed", type=int, help="shortcut for --set run.seed=N")
     p.add_argument("--total-steps", type=int, help="shortcut for --set run.total_steps=N (also the schedules' horizon)")
     p.add_argument("--run-dir", help="where to write the run (default runs/<env>_seed<N>_<time>)")
-    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint; its "
+                   "config.yaml may only change run.total_steps (to extend the run) and bookkeeping keys")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="with --resume: continue from this checkpoint of the run instead of the latest "
+                        "(later ones move to checkpoints/discarded/, metrics.csv is cut back to its step)")
     p.add_argument("--until", type=int, metavar="STEPS",
                    help="pause (checkpoint + summary) once this many env steps are done; schedules unchanged")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -38,6 +55,10 @@ def build_parser():
 
 
 def main(argv=None) -> int:
+    # a process of its own (python -m), not one of msrun's (msrun stops its workers itself; a data-parallel rank
+    # does not stop alone): route Ctrl-C before numpy/MindSpore start their threads
+    if argv is None and not os.environ.get("MS_ROLE"):
+        route_sigint_around_mindspore()
     from .parallel.context import is_msrun_scheduler, serve_as_scheduler
 
     if is_msrun_scheduler():  # msrun runs this command line once more as its scheduler process
@@ -60,6 +81,8 @@ def main(argv=None) -> int:
                             or args.run_dir):
             raise ConfigError("--resume continues a run with its own config; "
                               "--config/--set/--seed/--total-steps/--run-dir cannot be combined with it")
+        if args.checkpoint and not args.resume:
+            raise ConfigError("--checkpoint: only with --resume DIR (it names the checkpoint to continue from)")
         if args.until is not None and args.until < 1:
             raise ConfigError(f"--until: must be >= 1, got {args.until}")
         if args.workers is not None and args.workers < 1:
@@ -92,9 +115,13 @@ def main(argv=None) -> int:
 
         summary = train_run(cfg, run_dir=args.run_dir, resume=args.resume, until=args.until,
                             progress=False if args.no_progress else None, profile=args.profile,
-                            log=lambda s: print(s, file=sys.stderr))
+                            log=lambda s: print(s, file=sys.stderr), checkpoint=args.checkpoint)
         if summary is not None and not in_msrun():  # under msrun the launcher prints rank 0's summary
             print(json.dumps(summary, indent=2))
+        if summary is not None and summary["status"] == "interrupted":
+            print(f"interrupted by {summary['interrupted_by']} at step {summary['global_step']} (checkpoint "
+                  f"written); continue with --resume {summary['run_dir']}", file=sys.stderr)
+            exit_code[0] = 128 + signal.Signals[summary["interrupted_by"]].value
 
     exit_code = [0]
     code = run_cli(go)
@@ -104,8 +131,11 @@ def main(argv=None) -> int:
 def _launch_workers(args, argv, cfg, workers: int):
     from .errors import ConfigError
     from .parallel.launcher import launch
+    from .runlock import HELD_ENV, RunLock, in_use
     from .trainers.run import default_run_dir
 
+    # this process never imports MindSpore: take Ctrl-C directly again (KeyboardInterrupt stops msrun's workers)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     worker_args = list(sys.argv[1:] if argv is None else argv)
     if args.resume:
         from .config import load_config
@@ -115,13 +145,25 @@ def _launch_workers(args, argv, cfg, workers: int):
         timeout = load_config(os.path.join(run_dir, "config.yaml")).parallel.timeout
     else:
         run_dir = args.run_dir or default_run_dir(cfg)
-        if os.path.exists(run_dir) and (not os.path.isdir(run_dir) or os.listdir(run_dir)):
-            raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
         if not args.run_dir:
             worker_args += ["--run-dir", run_dir]
         fresh, timeout = True, cfg.parallel.timeout
-    code = launch(worker_args, workers, run_dir, fresh, timeout)  # prints its own one-line error
+    created = not os.path.exists(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    with RunLock(run_dir):  # this process holds the run directory for its msrun ranks
+        if fresh and in_use(run_dir):
+            raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
+        os.environ[HELD_ENV] = run_dir
+        try:
+            code = launch(worker_args, workers, run_dir, fresh, timeout)  # prints its own one-line error
+        finally:
+            del os.environ[HELD_ENV]
     if code != 0:
+        import glob
+        import shutil
+
+        if created and not glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.json")):
+            shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run that never started: leave nothing behind
         return code
     with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
         print(json.dumps({**json.load(f), "run_dir": run_dir}, indent=2))

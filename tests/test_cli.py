@@ -189,3 +189,53 @@ def test_resume_is_bit_identical_for_sync_vector_envs_with_normalisation(tmp_pat
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["param_sha256"] == full["param_sha256"]
     assert metrics_rows(tmp_path / "half") == metrics_rows(tmp_path / "full")
+
+
+def test_checkpoint_flag_needs_resume(capsys):
+    from scalebox_ms.train import main
+
+    assert main(["--checkpoint", "x.json", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--checkpoint: only with --resume" in err
+
+
+@pytest.mark.integration
+def test_resume_with_a_torn_sidecar_names_the_intact_checkpoint_and_continues_from_it(tmp_path):
+    run_dir = tmp_path / "run"
+    train("--total-steps", 256, "--until", 128, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
+    sidecar = run_dir / "checkpoints" / "ckpt_000000000128.json"
+    sidecar.write_text(sidecar.read_text()[:200])  # not valid JSON any more
+    r = run_module("train", "--resume", run_dir, "--no-progress")
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr[-2000:]
+    assert "ckpt_000000000128" in lines[0] and "newest intact one is ckpt_000000000000" in lines[0]
+    r = run_module("train", "--resume", run_dir, "--checkpoint", run_dir / "checkpoints" / "ckpt_000000000000.json",
+                   "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["global_step"] == 256
+    assert [int(r["global_step"]) for r in metrics_rows(run_dir)] == [64, 128, 192, 256]
+
+
+def test_data_parallel_launch_holds_the_run_lock_for_its_ranks(tmp_path, monkeypatch, capsys):
+    """The launching process (not its msrun ranks) holds the run directory's lock while msrun runs."""
+    import scalebox_ms.parallel.launcher as launcher
+    from scalebox_ms.errors import ConfigError
+    from scalebox_ms.runlock import HELD_ENV, RunLock, held_by_launcher
+    from scalebox_ms.train import main
+
+    seen = {}
+
+    def fake_launch(worker_args, workers, run_dir, fresh, timeout, stream=None):
+        seen["held_by_launcher"] = held_by_launcher(run_dir)
+        with pytest.raises(ConfigError, match=f"pid {os.getpid()}"):
+            RunLock(run_dir).acquire()
+        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+            json.dump({"status": "completed"}, f)
+        return 0
+
+    monkeypatch.setattr(launcher, "launch", fake_launch)
+    run_dir = tmp_path / "run"
+    assert main(["--workers", "2", "--run-dir", str(run_dir), "--no-progress"]) == 0
+    assert seen == {"held_by_launcher": True}
+    assert HELD_ENV not in os.environ and not (run_dir / "train.lock").exists()
+    assert json.loads(capsys.readouterr().out)["status"] == "completed"

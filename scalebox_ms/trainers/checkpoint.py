@@ -8,18 +8,26 @@ A checkpoint ``<dir>/ckpt_<global_step:012d>`` consists of
                    where it can be captured faithfully, so a resumed run continues the very same episodes;
                    absent otherwise (``env_state`` null in the sidecar);
 * ``.json``     -- the sidecar: format version, config, counters, normalisation statistics, RNG states, the
-                   trainer's in-flight rollout state, and the SHA-256 of the other two files.
+                   trainer's in-flight rollout state, the SHA-256 of the other two files, and ``sidecar_sha256``:
+                   the SHA-256 of the sidecar's own canonical JSON (sorted keys, no spaces) without that key.
 
-The sidecar is written last, so its presence marks a complete checkpoint. Loading verifies both hashes and
-refuses, with a one-line :class:`CheckpointError`, a missing, corrupt or mismatched checkpoint.
+The sidecar is written last, so its presence marks a complete checkpoint. Loading verifies all three hashes and
+that the sidecar is consistent with its file name (``global_step``), and refuses, with a one-line
+:class:`CheckpointError`, a missing, corrupt, edited or mismatched checkpoint. Sidecars without
+``sidecar_sha256`` (written before it existed) are refused too: their content cannot be verified.
+
+A write that fails (disk full, file size limit) removes what it wrote and raises a one-line
+:class:`CheckpointError`; the previous checkpoint stays the latest.
 """
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import pickle
-from typing import Dict, List, Optional
+import re
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import CheckpointError
 from ..fileio import atomic_path, atomic_write_bytes, atomic_write_json, sha256_file
@@ -31,8 +39,26 @@ def checkpoint_prefix(directory: str, global_step: int) -> str:
     return os.path.join(directory, f"ckpt_{global_step:012d}")
 
 
+def sidecar_digest(sidecar: dict) -> str:
+    """SHA-256 of the sidecar's canonical JSON without its ``sidecar_sha256`` key."""
+    body = {k: v for k, v in sidecar.items() if k != "sidecar_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=None) -> str:
     """Write ``prefix.ckpt`` (+ ``prefix.env.pkl``) and finally ``prefix.json``; returns the sidecar path."""
+    if os.path.exists(prefix + ".json"):  # rewriting a step: incomplete (no sidecar) until the new one lands
+        os.unlink(prefix + ".json")
+    try:
+        return _write_checkpoint(prefix, tensors, sidecar, env_obj)
+    except OSError as exc:
+        for ext in (".json", ".ckpt", ".env.pkl"):  # no half checkpoint: the previous one stays the latest
+            if os.path.exists(prefix + ext):
+                os.unlink(prefix + ext)
+        raise CheckpointError(f"cannot write checkpoint {prefix}: {exc.strerror or exc}") from None
+
+
+def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj) -> str:
     import mindspore as ms
 
     with atomic_path(prefix + ".ckpt") as tmp:
@@ -50,6 +76,8 @@ def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=No
             atomic_write_bytes(prefix + ".env.pkl", blob)
             sidecar["env_state"] = {"file": os.path.basename(prefix) + ".env.pkl",
                                     "sha256": sha256_file(prefix + ".env.pkl")}
+    sidecar = json.loads(json.dumps(sidecar))  # the JSON form (tuples -> lists, ...) is what gets hashed
+    sidecar["sidecar_sha256"] = sidecar_digest(sidecar)
     atomic_write_json(prefix + ".json", sidecar)
     return prefix + ".json"
 
@@ -78,11 +106,10 @@ def list_checkpoints(directory: str) -> List[str]:
     return sorted(p[: -len(".json")] for p in glob.glob(os.path.join(directory, "ckpt_*.json")))
 
 
-def read_checkpoint(path: str) -> Dict:
-    """Load and verify a checkpoint; returns {'sidecar', 'tensors' (name -> numpy), 'env'}."""
-    import mindspore as ms
-
-    prefix = resolve_checkpoint(path)
+def read_sidecar(prefix: str) -> dict:
+    """The verified sidecar of ``prefix``: valid JSON, our format, untouched (``sidecar_sha256``) and consistent
+    with its file name. Raises a one-line :class:`CheckpointError` otherwise."""
+    name = os.path.basename(prefix) + ".json"
     try:
         with open(prefix + ".json", "r", encoding="utf-8") as f:
             sidecar = json.load(f)
@@ -90,11 +117,68 @@ def read_checkpoint(path: str) -> Dict:
         raise CheckpointError(f"checkpoint sidecar {prefix}.json is unreadable or corrupt ({type(exc).__name__})") from None
     if not isinstance(sidecar, dict) or sidecar.get("format") != FORMAT:
         raise CheckpointError(f"{prefix}.json is not a scalebox_ms checkpoint of format {FORMAT}")
+    if "sidecar_sha256" not in sidecar:
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json has no sidecar_sha256 (written by an older "
+                              "scalebox_ms): its content cannot be verified")
+    if sidecar["sidecar_sha256"] != sidecar_digest(sidecar):
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json was edited or is corrupt: its content does not "
+                              "match its sidecar_sha256")
+    for key, low in (("global_step", 0), ("iteration", 0), ("world_size", 1)):
+        value = sidecar.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise CheckpointError(f"checkpoint sidecar {prefix}.json: {key} must be an integer >= {low}, got {value!r}")
+    m = re.fullmatch(r"ckpt_(\d+)\.json", name)
+    if m and int(m.group(1)) != sidecar["global_step"]:
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json: global_step {sidecar['global_step']} does not "
+                              f"match the step {int(m.group(1))} in its file name")
+    if not isinstance(sidecar.get("config"), dict) or not isinstance(sidecar.get("ckpt_sha256"), str):
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json: config or ckpt_sha256 missing")
+    try:  # every iteration adds n_steps x num_envs env steps (all ranks' envs under data parallelism)
+        per_iteration = int(sidecar["config"]["ppo"]["n_steps"]) * int(sidecar["config"]["env"]["num_envs"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json: its config has no ppo.n_steps/env.num_envs") from None
+    if sidecar["global_step"] != sidecar["iteration"] * per_iteration:
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json: global_step {sidecar['global_step']} is not "
+                              f"iteration {sidecar['iteration']} x {per_iteration} env steps per iteration")
+    return sidecar
+
+
+def verify_checkpoint(prefix: str) -> dict:
+    """Check the sidecar and the hashes of the files it covers (without loading them); returns the sidecar."""
+    sidecar = read_sidecar(prefix)
     ckpt = prefix + ".ckpt"
     if not os.path.exists(ckpt):
         raise CheckpointError(f"checkpoint file missing: {ckpt}")
-    if sha256_file(ckpt) != sidecar.get("ckpt_sha256"):
+    if sha256_file(ckpt) != sidecar["ckpt_sha256"]:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: its SHA-256 does not match the sidecar")
+    info: Optional[dict] = sidecar.get("env_state")
+    if info:
+        env_path = os.path.join(os.path.dirname(prefix), str(info.get("file")))
+        if not os.path.exists(env_path) or sha256_file(env_path) != info.get("sha256"):
+            raise CheckpointError(f"checkpoint env state {env_path} is missing or corrupt")
+    return sidecar
+
+
+def newest_intact(directory: str) -> Tuple[Optional[str], Dict[str, str]]:
+    """The newest checkpoint in ``directory`` that verifies, and {prefix: why} for the newer ones that do not."""
+    broken: Dict[str, str] = {}
+    for prefix in reversed(list_checkpoints(directory)):
+        try:
+            verify_checkpoint(prefix)
+        except CheckpointError as exc:
+            broken[prefix] = str(exc)
+            continue
+        return prefix, broken
+    return None, broken
+
+
+def read_checkpoint(path: str) -> Dict:
+    """Load and verify a checkpoint; returns {'prefix', 'sidecar', 'tensors' (name -> numpy), 'env'}."""
+    import mindspore as ms
+
+    prefix = resolve_checkpoint(path)
+    sidecar = verify_checkpoint(prefix)
+    ckpt = prefix + ".ckpt"
     try:
         params = ms.load_checkpoint(ckpt)
     except Exception as exc:
@@ -103,10 +187,7 @@ def read_checkpoint(path: str) -> Dict:
     env = None
     info: Optional[dict] = sidecar.get("env_state")
     if info:
-        env_path = os.path.join(os.path.dirname(prefix), info["file"])
-        if not os.path.exists(env_path) or sha256_file(env_path) != info["sha256"]:
-            raise CheckpointError(f"checkpoint env state {env_path} is missing or corrupt")
-        with open(env_path, "rb") as f:
+        with open(os.path.join(os.path.dirname(prefix), info["file"]), "rb") as f:
             env = pickle.loads(f.read())  # hash-verified file written by write_checkpoint
     return {"prefix": prefix, "sidecar": sidecar, "tensors": tensors, "env": env}
 

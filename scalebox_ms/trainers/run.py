@@ -4,9 +4,10 @@
 
     config.yaml          resolved config
     metrics.csv          one row per iteration (see METRIC_COLUMNS)
-    checkpoints/         ckpt_<step>.{ckpt,json,env.pkl}
+    checkpoints/         ckpt_<step>.{ckpt,json,env.pkl}; discarded/: those a resume from an earlier one abandoned
     learning_curve.png   episode return vs env steps
-    summary.json         final numbers (written when the run pauses or completes)
+    summary.json         final numbers (written when the run pauses, completes or is interrupted)
+    train.lock           while a process trains the run: its pid (see scalebox_ms.runlock)
 
 Everything that can fail on bad input (config, env id, spaces, checkpoint) is checked before the directory is
 created, so a bad invocation leaves nothing behind.
@@ -14,7 +15,6 @@ created, so a bad invocation leaves nothing behind.
 from __future__ import annotations
 
 import csv
-import io
 import math
 import os
 import resource
@@ -26,7 +26,9 @@ from typing import List, Optional
 from ..config import Config
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_path, atomic_write_json, atomic_write_text
-from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints
+from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
+from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, remove_stale_temporaries,
+                        select_checkpoint, truncate_metrics)
 from .ppo import Callback, PPOTrainer
 
 METRIC_COLUMNS = [
@@ -185,24 +187,6 @@ def plot_learning_curve(metrics_csv: str, out_png: str, title: str) -> None:
     plt.close(fig)
 
 
-def _truncate_metrics(path: str, global_step: int) -> None:
-    """Drop rows logged after the checkpoint a run resumes from (they will be produced again)."""
-    if not os.path.exists(path):
-        return
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
-    if not rows:
-        return
-    header, body = rows[0], rows[1:]
-    col = header.index("global_step")
-    kept = [r for r in body if len(r) == len(header) and r[col].isdigit() and int(r[col]) <= global_step]
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(header)
-    w.writerows(kept)
-    atomic_write_text(path, buf.getvalue())
-
-
 def environment_record(cfg: Config, trainer) -> dict:
     """What a reproduction needs: package versions, platform, config hash and the sandbox in force."""
     import platform
@@ -220,10 +204,9 @@ def environment_record(cfg: Config, trainer) -> dict:
 
 
 def _check_world_size(prefix: str, world_size: int) -> None:
-    import json
+    from .checkpoint import read_sidecar
 
-    with open(prefix + ".json", encoding="utf-8") as f:
-        saved = json.load(f).get("world_size", 1)
+    saved = read_sidecar(prefix)["world_size"]
     if saved != world_size:
         raise CheckpointError(f"checkpoint {os.path.basename(prefix)} was written by a {saved}-rank run; this run has "
                               f"{world_size} rank(s): resume with the same parallel.workers")
@@ -255,7 +238,6 @@ def _follow(trainer, until: Optional[int]):
     """Ranks > 0: train in lockstep with rank 0 (same collectives), write nothing, return no summary."""
     trainer.learn(until=until)
     _rank_hashes(trainer)
-    trainer.close()
     return None
 
 
@@ -273,82 +255,127 @@ def default_run_dir(cfg: Config) -> str:
 
 
 def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resume: Optional[str] = None,
-              until: Optional[int] = None, progress: Optional[bool] = None, log=print, profile: int = 0) -> dict:
+              until: Optional[int] = None, progress: Optional[bool] = None, log=print, profile: int = 0,
+              checkpoint: Optional[str] = None) -> dict:
     """Train a new run in ``run_dir`` or continue ``resume``; returns the summary dict.
 
+    ``resume`` continues from the latest checkpoint, or from ``checkpoint`` (one of the run's own; later ones are
+    moved to ``checkpoints/discarded/``); a run without any checkpoint starts again from step 0 with its own
+    config. The run directory is locked (:mod:`scalebox_ms.runlock`) while this runs. SIGINT/SIGTERM stop at the
+    next iteration boundary with a checkpoint and ``"status": "interrupted"``; a second one aborts at once.
     ``profile=N`` records N iterations (after the first) with MindSpore's profiler into ``<run_dir>/profile``.
     """
     from ..parallel.context import in_msrun
+    from ..runlock import RunLock, held_by_launcher, in_use
 
     if profile < 0:
         raise ConfigError(f"--profile: must be >= 0, got {profile}")
+    if checkpoint is not None and resume is None:
+        raise ConfigError("--checkpoint: only with --resume (it names the checkpoint to continue from)")
     distributed = in_msrun()  # one of several msrun ranks: rank 0 alone writes the run directory
+    # under msrun rank 0 checks and locks (the others may already see its files); outside msrun RANK_ID means nothing
+    first_rank = not distributed or os.environ.get("RANK_ID", "0") == "0"
+    lock = None
+    prefix = None
     if resume is not None:
         run_dir = resume
         cfg_path = os.path.join(run_dir, "config.yaml")
         if not os.path.isdir(run_dir) or not os.path.exists(cfg_path):
             raise CheckpointError(f"--resume {run_dir}: not a run directory (no config.yaml)")
-        from ..config import load_config
+        if first_rank and not held_by_launcher(run_dir):
+            lock = RunLock(run_dir).acquire()
+    try:
+        if resume is not None:
+            from ..config import load_config
 
-        cfg = load_config(cfg_path)
-        found = list_checkpoints(os.path.join(run_dir, "checkpoints"))
-        if not found:
-            raise CheckpointError(f"--resume {run_dir}: no checkpoint in {run_dir}/checkpoints")
-        trainer = PPOTrainer(cfg)
-        _check_world_size(found[-1], trainer.world_size)
-        if distributed:
-            from ..parallel.launcher import write_rank_pid
+            cfg = load_config(cfg_path)
+            prefix = select_checkpoint(run_dir, checkpoint)
+            if prefix is not None:
+                check_config_unchanged(run_dir, prefix, read_sidecar(prefix)["config"], cfg.to_dict())
+            elif first_rank:
+                log(f"--resume {run_dir}: no checkpoint yet; starting the run from step 0 with its config.yaml")
+        else:
+            cfg = cfg if cfg is not None else Config()
+            run_dir = run_dir or default_run_dir(cfg)
+            if first_rank and in_use(run_dir):
+                raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
+        return _train(cfg, run_dir, prefix, resume is not None, until, progress, log, profile, distributed, lock)
+    finally:
+        if lock is not None:
+            lock.release()
 
-            write_rank_pid(run_dir, trainer.dist.rank)
-        trainer.load(found[-1])
-        if trainer.dist.is_main:
-            _truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
-            log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(found[-1])}")
-    else:
-        cfg = cfg if cfg is not None else Config()
-        run_dir = run_dir or default_run_dir(cfg)
-        launcher_made = {"msrun"} if distributed else set()  # msrun's log dir, made by the launcher
-        # under msrun rank 0 checks (the others may already see its files); outside msrun RANK_ID means nothing
-        first_rank = not distributed or os.environ.get("RANK_ID", "0") == "0"
-        if first_rank and os.path.exists(run_dir) and (not os.path.isdir(run_dir)
-                                                       or set(os.listdir(run_dir)) - launcher_made):
-            raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
-        trainer = PPOTrainer(cfg)  # validates env id and spaces before anything is written
+
+def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distributed, lock):
+    from ..runlock import RunLock, held_by_launcher, in_use
+
+    created = not os.path.exists(run_dir)
+    trainer = PPOTrainer(cfg)  # validates env id and spaces before anything is written
+    stopper = StopOnSignal(log)
+    try:
         cfg = trainer.config  # (under a user's msrun line: parallel.workers = the detected world size)
-        created = not os.path.exists(run_dir)
         if distributed:
             from ..parallel.launcher import write_rank_pid
 
             write_rank_pid(run_dir, trainer.dist.rank)
-        if trainer.dist.is_main:  # data parallel: the run directory is rank 0's to write
-            try:
-                os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
-                atomic_write_text(os.path.join(run_dir, "config.yaml"), cfg.to_yaml())
-                atomic_write_json(os.path.join(run_dir, "environment.json"), environment_record(cfg, trainer))
-            except OSError as exc:
-                if created:
-                    shutil.rmtree(run_dir, ignore_errors=True)
-                raise ConfigError(f"--run-dir {run_dir}: cannot write ({exc.strerror})") from None
-        trainer.learn(until=0)  # resets the envs (seeded) without training
-        if trainer.dist.is_main:
-            trainer.save(checkpoint_prefix(os.path.join(run_dir, "checkpoints"), 0))  # resumable from here on
-            log(f"run directory: {run_dir}  (device {trainer.sandbox.device}"
-                + (f", {trainer.world_size} data-parallel ranks over {trainer.dist.backend})" if distributed else ")"))
-    if not trainer.dist.is_main:
-        return _follow(trainer, until)
+        if prefix is not None:
+            _check_world_size(prefix, trainer.world_size)
+            trainer.load(prefix)
+            if trainer.dist.is_main:
+                remove_stale_temporaries(run_dir)
+                discard_newer(run_dir, trainer.global_step, log)
+                truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
+                log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(prefix)}")
+        else:
+            if trainer.dist.is_main:  # data parallel: the run directory is rank 0's to write
+                try:
+                    os.makedirs(run_dir, exist_ok=True)
+                    if lock is None and not resuming and not held_by_launcher(run_dir):
+                        lock = RunLock(run_dir).acquire()
+                        if in_use(run_dir):  # another process filled it between our first look and the lock
+                            raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume "
+                                              "to continue it)")
+                    remove_stale_temporaries(run_dir)  # (of a process killed before it wrote config.yaml)
+                    # config.yaml first: from then on --resume can restart the run (from step 0 until ckpt_0)
+                    atomic_write_text(os.path.join(run_dir, "config.yaml"), cfg.to_yaml())
+                    truncate_metrics(os.path.join(run_dir, "metrics.csv"), 0)
+                    atomic_write_json(os.path.join(run_dir, "environment.json"), environment_record(cfg, trainer))
+                    os.makedirs(os.path.join(run_dir, "checkpoints"), exist_ok=True)
+                except OSError as exc:
+                    if created:
+                        shutil.rmtree(run_dir, ignore_errors=True)
+                    raise ConfigError(f"--run-dir {run_dir}: cannot write ({exc.strerror})") from None
+            trainer.learn(until=0)  # resets the envs (seeded) without training
+            if trainer.dist.is_main:
+                trainer.save(checkpoint_prefix(os.path.join(run_dir, "checkpoints"), 0))  # resumable from here on
+                log(f"run directory: {run_dir}  (device {trainer.sandbox.device}"
+                    + (f", {trainer.world_size} data-parallel ranks over {trainer.dist.backend})"
+                       if distributed else ")"))
+        if not trainer.dist.is_main:
+            return _follow(trainer, until)
+        if not distributed:  # msrun ranks train in lockstep: one rank stopping alone would hang the others
+            stopper.install()
+        return _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, stopper)
+    finally:
+        stopper.restore()
+        if lock is not None and not resuming:
+            lock.release()
+        trainer.close()
 
+
+def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, stopper) -> dict:
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     metrics_path = os.path.join(run_dir, "metrics.csv")
     writer = MetricsWriter(metrics_path)
     saver = CheckpointSaver(ckpt_dir, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
-    callbacks: List[Callback] = [writer, saver]
+    callbacks: List[Callback] = [writer, saver, stopper]
     show = cfg.run.progress if progress is None else progress
     if show:
         callbacks.append(ProgressBar(cfg.run.total_steps))
     if profile > 0:
         callbacks.append(ProfileIterations(os.path.join(run_dir, "profile"), profile))
     try:
-        trainer.learn(callbacks=callbacks, until=until)
+        if stopper.signum is None:  # (a signal between iterations: stop right away)
+            trainer.learn(callbacks=callbacks, until=until)
     finally:
         writer.close()
     if not list_checkpoints(ckpt_dir) or not list_checkpoints(ckpt_dir)[-1].endswith(f"{trainer.global_step:012d}"):
@@ -359,7 +386,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
     completed = trainer.global_step >= cfg.run.total_steps
     m = trainer._last_metrics
     summary = {
-        "status": "completed" if completed else "paused",
+        "status": "interrupted" if stopper.signum is not None else "completed" if completed else "paused",
         "env_id": cfg.env.id,
         "seed": cfg.run.seed,
         "global_step": trainer.global_step,
@@ -385,7 +412,9 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         summary["auto_batch"] = trainer.auto_batch
     if getattr(trainer.env, "events", None) is not None:
         summary["env_events"] = list(trainer.env.events)  # isolated workers restarted (crash/timeout/memory)
-    if completed and cfg.run.eval_episodes > 0:
+    if stopper.signum is not None:
+        summary["interrupted_by"] = stopper.name
+    elif completed and cfg.run.eval_episodes > 0:
         from .evaluation import evaluate_policy
         import numpy as np
 
@@ -397,5 +426,4 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         log("dynamic batching: " + ", ".join(f"{r['batch_size']}: {r['samples_per_s']:.0f} samples/s ({r['status']})"
                                              for r in trainer.auto_batch["table"]) + f" -> {trainer.batch_size}")
     atomic_write_json(os.path.join(run_dir, "summary.json"), summary)
-    trainer.close()
     return {**summary, "run_dir": run_dir}

@@ -1,0 +1,155 @@
+"""The parts of a run's life around training: which checkpoint a resume continues from, whether the run's config
+still matches it, and stopping cleanly on SIGINT/SIGTERM."""
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import os
+import re
+import signal
+import sys
+import threading
+from typing import Dict, List, Optional
+
+from ..errors import CheckpointError, ConfigError
+from ..fileio import atomic_write_text
+from .checkpoint import newest_intact, resolve_checkpoint, verify_checkpoint
+from .ppo import Callback
+
+# config keys a resumed run may change: the horizon (run.total_steps extends or shortens the run, and with it the
+# linear schedules' horizon) and bookkeeping that does not enter the maths
+RESUMABLE_KEYS = ("run.total_steps", "run.progress", "run.checkpoint_every", "run.keep_checkpoints",
+                  "run.eval_episodes")
+
+
+def select_checkpoint(run_dir: str, chosen: Optional[str]) -> Optional[str]:
+    """The checkpoint ``--resume run_dir [--checkpoint chosen]`` continues from (verified), or None when the run
+    has none yet. A corrupt latest checkpoint is refused, naming the newest intact one."""
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    if chosen is not None:
+        prefix = resolve_checkpoint(chosen)
+        if os.path.realpath(os.path.dirname(prefix)) != os.path.realpath(ckpt_dir):
+            raise ConfigError(f"--checkpoint {chosen}: not one of {run_dir}'s checkpoints (in {ckpt_dir})")
+        verify_checkpoint(prefix)
+        return prefix
+    prefix, broken = newest_intact(ckpt_dir) if os.path.isdir(ckpt_dir) else (None, {})
+    if not broken:
+        return prefix
+    latest = max(broken)
+    why = broken[latest]
+    if prefix is None:
+        raise CheckpointError(f"--resume {run_dir}: no intact checkpoint (latest: {why}); start a new run")
+    raise CheckpointError(f"--resume {run_dir}: the latest checkpoint {os.path.basename(latest)} is unusable "
+                          f"({why}); the newest intact one is {os.path.basename(prefix)}: continue from it with "
+                          f"--checkpoint {prefix}.json")
+
+
+def discard_newer(run_dir: str, step: int, log) -> None:
+    """Move checkpoint files of steps after ``step`` (a resume from an earlier checkpoint abandons them) into
+    ``checkpoints/discarded/``, where neither resume nor pruning looks."""
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    moved = set()
+    for path in glob.glob(os.path.join(ckpt_dir, "ckpt_*")):
+        m = re.match(r"ckpt_(\d+)\.", os.path.basename(path))
+        if m and int(m.group(1)) > step:
+            os.makedirs(os.path.join(ckpt_dir, "discarded"), exist_ok=True)
+            os.replace(path, os.path.join(ckpt_dir, "discarded", os.path.basename(path)))
+            moved.add(m.group(0)[:-1])
+    if moved:
+        log(f"moved the later checkpoint(s) {', '.join(sorted(moved))} to {ckpt_dir}/discarded")
+
+
+def remove_stale_temporaries(run_dir: str) -> None:
+    """Delete the ``.tmp-*`` files a killed writer left (call with the run's lock held: no writer is active)."""
+    for d in (run_dir, os.path.join(run_dir, "checkpoints")):
+        for path in glob.glob(os.path.join(glob.escape(d), ".tmp-*")):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
+    out: Dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and prefix == "":
+            out.update(_flatten(v, f"{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def check_config_unchanged(run_dir: str, prefix: str, trained: dict, current: dict) -> None:
+    """Refuse a config.yaml edited since the checkpoint was written (except :data:`RESUMABLE_KEYS`)."""
+    old, new = _flatten(trained), _flatten(current)
+    changed: List[str] = [f"{k}={old.get(k, '(absent)')} -> {new.get(k, '(absent)')}"
+                          for k in sorted(set(old) | set(new)) if k not in RESUMABLE_KEYS and old.get(k) != new.get(k)]
+    if changed:
+        raise ConfigError(f"--resume {run_dir}: config.yaml differs from the config {os.path.basename(prefix)} was "
+                          f"trained with: {', '.join(changed)} (checkpoint -> config.yaml); only "
+                          f"{', '.join(RESUMABLE_KEYS)} may change on resume")
+
+
+def truncate_metrics(path: str, global_step: int) -> None:
+    """Drop rows logged after the checkpoint a run resumes from (they will be produced again)."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return
+    header, body = rows[0], rows[1:]
+    col = header.index("global_step")
+    kept = [r for r in body if len(r) == len(header) and r[col].isdigit() and int(r[col]) <= global_step]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(kept)
+    atomic_write_text(path, buf.getvalue())
+
+
+class Interrupted(KeyboardInterrupt):
+    """A second SIGINT/SIGTERM: abort at once (the CLI exits 128 + signum)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopOnSignal(Callback):
+    """SIGINT/SIGTERM ask the run to stop at the next iteration boundary (checkpoint + summary); a second one
+    aborts at once. ``install()``/``restore()`` put and take back the handlers (main thread only)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, log):
+        self.log = log
+        self.signum: Optional[int] = None
+        self._previous: Dict[int, object] = {}
+
+    @property
+    def name(self) -> Optional[str]:
+        return None if self.signum is None else signal.Signals(self.signum).name
+
+    def install(self) -> "StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise Interrupted(signum)
+        self.signum = signum
+        self.log(f"{signal.Signals(signum).name}: stopping at the end of this iteration (checkpoint + summary); "
+                 "send it again to abort at once")
+        sys.stderr.flush()
+
+    def on_iteration_end(self, trainer, metrics):
+        return False if self.signum is not None else None

@@ -1,0 +1,330 @@
+"""A run's life on disk under hostile conditions: corrupt or edited checkpoints, edited configs, kills before the
+first checkpoint, concurrent processes, errors mid-run, signals and a full disk."""
+import csv
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, small_config
+from scalebox_ms.errors import CheckpointError, ConfigError
+from scalebox_ms.trainers.checkpoint import list_checkpoints, read_checkpoint, sidecar_digest
+from scalebox_ms.trainers.run import CheckpointSaver, MetricsWriter, train_run
+
+EVERY_64 = {"eval_episodes": 0, "checkpoint_every": 64, "keep_checkpoints": 10}  # 64 env steps per iteration
+
+
+def ckpt(run_dir, step, ext=".json"):
+    return os.path.join(run_dir, "checkpoints", f"ckpt_{step:012d}{ext}")
+
+
+def steps_in_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        return [int(r["global_step"]) for r in csv.DictReader(f)]
+
+
+def no_temporaries(run_dir):
+    return [os.path.join(d, n) for d, _, files in os.walk(run_dir) for n in files if n.startswith(".tmp-")] == []
+
+
+def quiet(*_):
+    pass
+
+
+@pytest.fixture(scope="module")
+def paused_run(tmp_path_factory):
+    """A run paused at step 192 with checkpoints at 0, 64, 128 and 192 (copy it before changing it)."""
+    run_dir = str(tmp_path_factory.mktemp("paused") / "run")
+    train_run(small_config(run=EVERY_64), run_dir=run_dir, until=192, log=quiet)
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(paused_run, tmp_path):
+    dst = str(tmp_path / "run")
+    shutil.copytree(paused_run, dst)
+    return dst
+
+
+def one_line(exc_info):
+    msg = str(exc_info.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+# ---------------------------------------------------------------- 2: a corrupt latest checkpoint
+def test_corrupt_latest_sidecar_names_the_newest_intact_one_and_checkpoint_resumes_from_it(run_copy):
+    with open(ckpt(run_copy, 192), "w") as f:
+        f.write('{"format": "scalebox_ms.ppo.v1", ')  # torn JSON
+    with open(os.path.join(run_copy, "checkpoints", ".tmp-ckpt_000000000256.ckpt-x1y2.tmp"), "wb") as f:
+        f.write(b"\0" * 100)  # what a kill -9 mid-write leaves
+    with pytest.raises(CheckpointError) as e:
+        train_run(resume=run_copy, log=quiet)
+    msg = one_line(e)
+    assert "ckpt_000000000192" in msg and "ckpt_000000000128" in msg and "--checkpoint" in msg
+    summary = train_run(resume=run_copy, checkpoint=ckpt(run_copy, 128), until=192, log=quiet)
+    assert summary["global_step"] == 192 and summary["status"] == "paused"
+    assert steps_in_metrics(run_copy) == [64, 128, 192]  # rows after 128 were dropped, then produced again
+    assert read_checkpoint(ckpt(run_copy, 192))["sidecar"]["global_step"] == 192  # a fresh, intact one
+    assert os.path.exists(os.path.join(run_copy, "checkpoints", "discarded", "ckpt_000000000192.json"))
+    assert no_temporaries(run_copy)
+
+
+def test_checkpoint_of_another_run_is_refused(run_copy, paused_run):
+    with pytest.raises(ConfigError, match="not one of"):
+        train_run(resume=run_copy, checkpoint=ckpt(paused_run, 128), log=quiet)
+
+
+# ---------------------------------------------------------------- 3: an edited sidecar
+def _edit_sidecar(path, rehash, **changes):
+    with open(path) as f:
+        sidecar = json.load(f)
+    sidecar.update(changes)
+    if rehash:
+        sidecar["sidecar_sha256"] = sidecar_digest(sidecar)
+    with open(path, "w") as f:
+        json.dump(sidecar, f)
+
+
+@pytest.mark.parametrize("rehash, changes, culprit", [
+    (False, {"global_step": 100}, "edited or is corrupt"),
+    (False, {"episodes": 0}, "edited or is corrupt"),
+    (True, {"global_step": 100}, "does not match the step 192 in its file name"),
+    (True, {"world_size": 0}, "world_size must be an integer"),
+    (True, {"iteration": 2}, "is not iteration 2 x 64 env steps per iteration"),
+])
+def test_edited_or_inconsistent_sidecar_is_refused(run_copy, rehash, changes, culprit):
+    _edit_sidecar(ckpt(run_copy, 192), rehash, **changes)
+    with pytest.raises(CheckpointError, match=culprit) as e:
+        read_checkpoint(ckpt(run_copy, 192))
+    one_line(e)
+    with pytest.raises(CheckpointError, match="ckpt_000000000128"):  # resume: names the newest intact one
+        train_run(resume=run_copy, log=quiet)
+
+
+def test_sidecar_without_its_hash_is_refused(run_copy):
+    path = ckpt(run_copy, 192)
+    with open(path) as f:
+        sidecar = json.load(f)
+    del sidecar["sidecar_sha256"]
+    with open(path, "w") as f:
+        json.dump(sidecar, f)
+    with pytest.raises(CheckpointError, match="no sidecar_sha256"):
+        read_checkpoint(path)
+
+
+# ---------------------------------------------------------------- 17: an edited config.yaml
+def _edit_config(run_dir, old, new):
+    path = os.path.join(run_dir, "config.yaml")
+    with open(path) as f:
+        text = f.read()
+    assert old in text
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+
+
+def test_resume_refuses_an_edited_config_but_allows_more_total_steps(run_copy):
+    _edit_config(run_copy, "n_steps: 16", "n_steps: 32")
+    _edit_config(run_copy, "gamma: 0.98", "gamma: 0.9")
+    with pytest.raises(ConfigError) as e:
+        train_run(resume=run_copy, log=quiet)
+    msg = one_line(e)
+    assert "ppo.n_steps=16 -> 32" in msg and "ppo.gamma=0.98 -> 0.9" in msg
+    _edit_config(run_copy, "n_steps: 32", "n_steps: 16")
+    _edit_config(run_copy, "gamma: 0.9", "gamma: 0.98")
+    _edit_config(run_copy, "total_steps: 256", "total_steps: 320")  # extending a run is allowed
+    summary = train_run(resume=run_copy, log=quiet)
+    assert summary["global_step"] == 320 and summary["total_steps"] == 320 and summary["status"] == "completed"
+
+
+# ---------------------------------------------------------------- 4 + 5: killed before the first checkpoint; locks
+def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_at_step_zero(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = small_config(run=EVERY_64)
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    (run_dir / "train.lock").write_text("999999999\n")  # left by the killed process: no flock held any more
+    lines = []
+    summary = train_run(resume=str(run_dir), until=64, log=lines.append)
+    assert summary["global_step"] == 64 and any("no checkpoint yet" in l and "step 0" in l for l in lines)
+    assert [os.path.basename(p) for p in list_checkpoints(run_dir / "checkpoints")][0] == "ckpt_000000000000"
+    assert not (run_dir / "train.lock").exists()
+
+
+def test_a_fresh_run_goes_into_a_directory_a_killed_run_left_before_its_config(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "train.lock").write_text("999999999\n")
+    (run_dir / ".tmp-config.yaml-k1ll3d.yaml").write_text("env:\n")  # killed while writing config.yaml
+    summary = train_run(small_config(run=EVERY_64), run_dir=str(run_dir), until=64, log=quiet)
+    assert summary["global_step"] == 64 and no_temporaries(run_dir) and not (run_dir / "train.lock").exists()
+
+
+def _hold_lock(path):
+    """Another process holding the run directory's lock, as a train process does."""
+    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, str(os.getpid()).encode()); "
+            "print('locked', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_locked_run_directory_is_refused_naming_the_holder(run_copy, tmp_path):
+    holder = _hold_lock(os.path.join(run_copy, "train.lock"))
+    try:
+        with pytest.raises(ConfigError, match=f"in use by another train process \\(pid {holder.pid}\\)"):
+            train_run(resume=run_copy, log=quiet)
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        other = _hold_lock(fresh / "train.lock")
+        try:
+            with pytest.raises(ConfigError, match=f"pid {other.pid}"):
+                train_run(small_config(run=EVERY_64), run_dir=str(fresh), until=64, log=quiet)
+        finally:
+            other.kill()
+            other.wait()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert steps_in_metrics(run_copy) == [64, 128, 192]  # untouched while locked
+
+
+@pytest.mark.integration
+def test_two_processes_started_together_on_one_run_dir_one_wins(tmp_path):
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=REPO)
+    args = [sys.executable, "-m", "scalebox_ms.train", "--run-dir", str(run_dir), "--total-steps", "512",
+            "--set", "env.num_envs=4", "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32",
+            "--set", "run.eval_episodes=0", "--no-progress"]
+    procs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 2], results
+    loser = [err for rc, err in results if rc == 2][0]
+    assert "in use by another train process (pid" in loser or "already exists" in loser, loser
+    assert len([l for l in loser.splitlines() if l.strip()]) == 1, loser
+    assert steps_in_metrics(run_dir) == list(range(64, 513, 64))
+
+
+# ---------------------------------------------------------------- 8: an error mid-run
+def test_a_run_that_raises_closes_its_trainer_and_releases_the_lock(tmp_path, monkeypatch):
+    from scalebox_ms.trainers.ppo import PPOTrainer
+
+    closed = []
+    real_close = PPOTrainer.close
+    monkeypatch.setattr(PPOTrainer, "close", lambda self: (closed.append(True), real_close(self)))
+
+    def boom(self, trainer, metrics):
+        raise RuntimeError("callback failed")
+
+    monkeypatch.setattr(MetricsWriter, "on_iteration_end", boom)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="callback failed"):
+        train_run(small_config(run=EVERY_64), run_dir=str(run_dir), log=quiet)
+    assert closed == [True] and not (run_dir / "train.lock").exists()
+
+
+# ---------------------------------------------------------------- 13: signals
+def _signal_at(monkeypatch, step, signums):
+    real = MetricsWriter.on_iteration_end
+
+    def send(self, trainer, metrics):
+        real(self, trainer, metrics)
+        if trainer.global_step == step:
+            for s in signums:
+                os.kill(os.getpid(), s)
+
+    monkeypatch.setattr(MetricsWriter, "on_iteration_end", send)
+
+
+def test_a_signal_stops_at_the_iteration_boundary_with_checkpoint_and_summary(tmp_path, monkeypatch):
+    # (in a process where MindSpore already runs, a SIGINT may reach Python as SIGTERM: see the CLI test for SIGINT)
+    _signal_at(monkeypatch, 128, [signal.SIGTERM])
+    run_dir = tmp_path / "run"
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    lines = []
+    summary = train_run(small_config(run={"eval_episodes": 0, "checkpoint_every": 0}), run_dir=str(run_dir),
+                        log=lines.append)
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == "SIGTERM"
+    assert summary["global_step"] == 128 and any("SIGTERM" in l for l in lines)
+    with open(run_dir / "summary.json") as f:
+        assert json.load(f)["status"] == "interrupted"
+    assert os.path.basename(list_checkpoints(run_dir / "checkpoints")[-1]) == "ckpt_000000000128"
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # handlers restored
+    assert train_run(resume=str(run_dir), log=quiet)["global_step"] == 256
+
+
+def test_a_second_signal_aborts_at_once(tmp_path, monkeypatch):
+    _signal_at(monkeypatch, 64, [signal.SIGTERM, signal.SIGTERM])
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        train_run(small_config(run={"eval_episodes": 0, "checkpoint_every": 0}), run_dir=str(tmp_path / "run"),
+                  log=quiet)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_the_cli_checkpoints_and_exits_128_plus_signum(tmp_path, signum, code):
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "scalebox_ms.train", "--run-dir", str(run_dir), "--total-steps",
+                             "10000000", "--set", "env.num_envs=4", "--set", "ppo.n_steps=16", "--set",
+                             "ppo.batch_size=32", "--set", "run.checkpoint_every=0", "--no-progress"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (os.path.exists(run_dir / "metrics.csv")
+                                               and len(steps_in_metrics(run_dir)) >= 2):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    name = signal.Signals(signum).name
+    assert proc.returncode == code, err[-2000:]
+    assert f"interrupted by {name}" in err
+    summary = json.loads(out)
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == name
+    latest = list_checkpoints(run_dir / "checkpoints")[-1]
+    assert latest.endswith(f"{summary['global_step']:012d}") and summary["global_step"] > 0
+    assert steps_in_metrics(run_dir)[-1] == summary["global_step"]
+
+
+# ---------------------------------------------------------------- 16: disk full while checkpointing
+def test_a_checkpoint_write_that_fails_leaves_the_previous_one_latest(tmp_path, monkeypatch):
+    real_save = CheckpointSaver.save
+
+    def save_with_small_disk(self, trainer):
+        if trainer.global_step < 128:
+            return real_save(self, trainer)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))  # smaller than a .ckpt: writes fail (EFBIG)
+        try:
+            return real_save(self, trainer)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+    monkeypatch.setattr(CheckpointSaver, "save", save_with_small_disk)
+    run_dir = tmp_path / "run"
+    cfg = small_config(run={"eval_episodes": 0, "checkpoint_every": 64, "keep_checkpoints": 1})
+    with pytest.raises(CheckpointError) as e:
+        train_run(cfg, run_dir=str(run_dir), log=quiet)
+    msg = one_line(e)
+    assert "cannot write checkpoint" in msg and "ckpt_000000000128" in msg
+    assert no_temporaries(run_dir)
+    assert [os.path.basename(p) for p in list_checkpoints(run_dir / "checkpoints")] == ["ckpt_000000000064"]
+    assert not os.path.exists(ckpt(run_dir, 128, ".ckpt"))
+    monkeypatch.setattr(CheckpointSaver, "save", real_save)
+    assert train_run(resume=str(run_dir), log=quiet)["global_step"] == 256
