@@ -159,3 +159,20 @@ def test_stochastic_evaluation_is_reproducible_per_seed():
     tr.close()
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
+
+
+# ---------------------------------------------------------------------- the end-of-run evaluation never kills a run
+def test_a_run_whose_evaluation_gives_up_still_completes_with_a_summary(tmp_path):
+    import json
+
+    from scalebox_ms.trainers.run import train_run
+
+    cfg = small_config(env={"id": "faulty_envs:CrashingCartPole-v0", "num_envs": 2},
+                       ppo={"n_steps": 16, "batch_size": 32}, run={"total_steps": 32, "eval_episodes": 2},
+                       sandbox={"isolation_level": "process"})
+    run_dir = tmp_path / "run"
+    summary = train_run(cfg, run_dir=str(run_dir), progress=False, log=lambda s: None)
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk["status"] == summary["status"] == "completed"
+    assert "CrashingCartPole" in on_disk["eval_error"] and on_disk["eval_episodes"] == 0
+    assert on_disk["eval_env_events"] and on_disk["env_events"]  # training survived its crashes too

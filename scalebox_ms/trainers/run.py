@@ -37,6 +37,7 @@ METRIC_COLUMNS = [
     "explained_variance", "learning_rate", "clip_range", "n_updates", "early_stopped", "rollout_time_s",
     "update_time_s", "share_env", "share_act", "share_update", "share_comm", "share_other", "update_samples_per_s",
     "batch_size", "env_restarts", "world_size", "comm_time_s", "loss_scale", "amp_overflows", "amp_skipped_steps",
+    "nonfinite_updates",
 ]
 # columns that depend on the machine's speed, not on the maths (excluded from reproducibility checks)
 TIMING_COLUMNS = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s", "share_env", "share_act",
@@ -241,15 +242,6 @@ def _follow(trainer, until: Optional[int]):
     return None
 
 
-def _update_calls(trainer, cfg: Config) -> int:
-    """Update calls per iteration (without a target_kl stop), as PPOTrainer._run_epochs makes them."""
-    rollout = cfg.ppo.n_steps * trainer.num_envs
-    b = trainer.batch_size // trainer.world_size
-    if hasattr(trainer.update_step, "run_epochs") and rollout % b == 0:
-        return 1
-    return cfg.ppo.n_epochs * math.ceil(rollout / b)
-
-
 def default_run_dir(cfg: Config) -> str:
     return os.path.join("runs", f"{cfg.env.id}_seed{cfg.run.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
 
@@ -403,8 +395,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         "device": trainer.sandbox.device,
         "batch_size": trainer.batch_size,
         "graph_calls_per_iteration": None if trainer.batch_size is None else
-        (1 if trainer._compiled_rollout else cfg.ppo.n_steps + 1)
-        + _update_calls(trainer, cfg),
+        (1 if trainer._compiled_rollout else cfg.ppo.n_steps + 1) + trainer.update_calls_per_iteration(),
         "update_kernel": type(trainer.update_step).__name__,
         "act_kernel": getattr(trainer.act_step, "kernel", "builtin"),
     }
@@ -415,12 +406,19 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     if stopper.signum is not None:
         summary["interrupted_by"] = stopper.name
     elif completed and cfg.run.eval_episodes > 0:
-        from .evaluation import evaluate_policy
         import numpy as np
 
-        rets = evaluate_policy(trainer, episodes=cfg.run.eval_episodes)
-        summary.update({"eval_mean_return": float(np.mean(rets)), "eval_std_return": float(np.std(rets)),
-                        "eval_episodes": len(rets)})
+        from .evaluation import EvaluationError, evaluate_policy
+
+        try:  # training and its checkpoint are complete: an evaluation that gives up is recorded, not fatal
+            rets, eval_error = evaluate_policy(trainer, episodes=cfg.run.eval_episodes), None
+        except EvaluationError as exc:
+            rets, eval_error = exc.returns, str(exc)
+            log(f"warning: {eval_error}")
+        summary.update({"eval_mean_return": float(np.mean(rets)) if len(rets) else None,
+                        "eval_std_return": float(np.std(rets)) if len(rets) else None,
+                        "eval_episodes": len(rets), "eval_replayed_episodes": getattr(rets, "replayed", 0),
+                        "eval_env_events": list(getattr(rets, "env_events", [])), "eval_error": eval_error})
     summary = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
     if trainer.auto_batch is not None:
         log("dynamic batching: " + ", ".join(f"{r['batch_size']}: {r['samples_per_s']:.0f} samples/s ({r['status']})"
