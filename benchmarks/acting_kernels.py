@@ -12,7 +12,7 @@ init). Rows:
 Every variant is checked against ``builtin`` (same logical weights, same noise) before it is timed. Variants are
 timed in interleaved rounds so machine drift hits all of them alike; the table shows the median us per call
 and each variant's time relative to ``builtin`` (< 1: faster). The 'auto' rule in
-``scalebox_ms/models/actor_critic.py`` (AUTO_CUSTOM_MAX_BATCH) is read off this table.
+``scalebox_ms/trainers/kernels.py`` (AUTO_ACT_MAX_MACS) is read off this table.
 
 Usage:  python benchmarks/acting_kernels.py [--calls 300] [--rounds 5] [--out benchmarks/results/acting_kernels.json]
 """

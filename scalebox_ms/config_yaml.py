@@ -133,6 +133,17 @@ def set_field(section_obj, section: str, key: str, value: Any) -> None:
     setattr(section_obj, key, coerce(f"{section}.{key}", hints[key], value))
 
 
+
+def _number_text(value):
+    """YAML 1.1 reads ``1e-3`` and ``1e5`` (no dot) as strings: such a string becomes its float; anything else is
+    returned unchanged."""
+    if isinstance(value, str) and len(value) < 100:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
 def coerce(name: str, tp, value: Any) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -159,11 +170,7 @@ def coerce(name: str, tp, value: Any) -> Any:
             if abs(int(value)) >= 2**63:  # every integer setting is a count, size or seed that MindSpore holds in int64
                 raise ConfigError(f"{name}: expected a 64-bit integer, got {got}")
             return int(value)
-        if isinstance(value, str) and len(value) < 100:  # YAML 1.1 reads "1e5" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        value = _number_text(value)
         if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
             return int(value)  # 1e5 written as a float
         raise ConfigError(f"{name}: expected an integer, got {got}")
@@ -172,14 +179,9 @@ def coerce(name: str, tp, value: Any) -> Any:
             if not math.isfinite(float(value)):
                 raise ConfigError(f"{name}: expected a finite number, got {got}")
             return float(value)
-        if isinstance(value, str) and len(value) < 100:  # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
-                f = float(value)
-            except ValueError:
-                pass
-            else:
-                if math.isfinite(f):
-                    return f
+        value = _number_text(value)
+        if isinstance(value, float) and math.isfinite(value):
+            return value
         raise ConfigError(f"{name}: expected a number, got {got}")
     if tp is str:
         if isinstance(value, str):

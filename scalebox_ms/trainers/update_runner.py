@@ -159,11 +159,14 @@ class UpdateRunner:
         result["early_stopped"] = int(stopped)
         result["minibatch_steps"] = len(stats)
         bad_loss = ~np.isfinite(stats[:, STAT.loss])
-        result["nonfinite_updates"] = int(bad_loss.sum())
+        # steps skipped for a non-finite loss or gradient; with AMP, a gradient overflow at a finite loss is the
+        # loss scaler's business (amp_overflows), not a fault
+        nonfinite = bad_loss if self.amp is not None else ~finite
+        result["nonfinite_updates"] = int(nonfinite.sum())
         if self.amp is not None:
             result["amp_overflows"] = int((~finite & ~bad_loss).sum())
             result["loss_scale"] = float(stats[-1, STAT.loss_scale]) if len(stats) else float("nan")
-        self._count_nonfinite(bad_loss)
+        self._count_nonfinite(nonfinite)
         return result
 
     def _count_nonfinite(self, bad_loss: np.ndarray) -> None:
