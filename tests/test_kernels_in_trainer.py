@@ -131,3 +131,13 @@ def test_one_call_update_equals_the_minibatch_loop_with_early_stop(target_kl):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=2e-6, err_msg=name)
     builtin.close()
     custom.close()
+
+
+@pytest.mark.parametrize("kernel,target_kl,calls", [
+    ("builtin", None, 2 * 2), ("builtin", 0.01, 2 * 2),  # small_config: 2 epochs x 2 minibatches of 32
+    ("custom", None, 1), ("custom", 0.01, 2),            # kernel: one call, or one per epoch with target_kl
+])
+def test_update_calls_per_iteration_follow_the_implementation(kernel, target_kl, calls):
+    tr = PPOTrainer(small_config(ppo={"update_kernel": kernel, "target_kl": target_kl, "n_epochs": 2}))
+    assert tr.update_calls_per_iteration() == calls
+    tr.close()

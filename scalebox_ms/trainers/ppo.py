@@ -90,7 +90,7 @@ class PPOTrainer:
         from .memory import check_fits, rollout_bytes
         from .ppo_update import PPOUpdateStep
         from .state import ParameterValues, named_state
-        from .update_runner import UpdateRunner
+        from .update_runner import GraphMinibatches, KernelMinibatches, UpdateRunner
 
         device = getattr(sandbox, "device", "CPU")
         if config.parallel.pipeline_stages > 1:
@@ -136,8 +136,11 @@ class PPOTrainer:
         kernel = select_update_kernel(config, self.model, self.update_step.optimizer, self.amp, W, device)
         if kernel is not None:  # same model Parameters and Adam state, the whole update in one C++ call
             self.update_step = kernel
+            run_minibatches = KernelMinibatches(kernel)
+        else:
+            run_minibatches = GraphMinibatches(self.update_step, p.target_kl is not None)
         self._values = ParameterValues(named_state(self.model, self.update_step))
-        self.runner = UpdateRunner(self.update_step, p, self.collector, W, self.amp, self._values.snapshot,
+        self.runner = UpdateRunner(run_minibatches, p, self.collector, W, self.amp, self._values.snapshot,
                                    self._values.restore, obs_dim=self.spec.obs_dim,
                                    hidden=list(config.policy.pi_layers) + list(config.policy.vf_layers),
                                    memory_budget=self._memory_budget)

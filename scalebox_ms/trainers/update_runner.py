@@ -40,6 +40,11 @@ class GraphMinibatches:
         self.step = step
         self.kl_stop = kl_stop
 
+    @staticmethod
+    def calls(rows: int) -> int:
+        """Graph calls for ``rows`` minibatches handed over at once."""
+        return rows
+
     def __call__(self, features, actions, rows: np.ndarray, *scalars) -> np.ndarray:
         import mindspore as ms
 
@@ -64,7 +69,11 @@ class KernelMinibatches:
     """``run_minibatches`` over the C++ :class:`PPOUpdateKernel` (all rows in one kernel call)."""
 
     def __init__(self, kernel):
-        self.kernel = kernel
+        self.step = self.kernel = kernel
+
+    @staticmethod
+    def calls(rows: int) -> int:
+        return 1
 
     def __call__(self, features, actions, rows: np.ndarray, *scalars) -> np.ndarray:
         import mindspore as ms
@@ -75,18 +84,16 @@ class KernelMinibatches:
 class UpdateRunner:
     """Runs the PPO update of an iteration and summarises it (losses, KL, clip fraction, steps, AMP)."""
 
-    def __init__(self, step, ppo_cfg, rng_owner, world_size: int, amp, snapshot: Callable, restore: Callable,
-                 obs_dim: int = 0, hidden=(), memory_budget: Callable = lambda: None):
-        self.step = step  # PPOUpdateStep or PPOUpdateKernel: owns the optimizer
+    def __init__(self, run_minibatches, ppo_cfg, rng_owner, world_size: int, amp, snapshot: Callable,
+                 restore: Callable, obs_dim: int = 0, hidden=(), memory_budget: Callable = lambda: None):
+        self.run_minibatches = run_minibatches  # GraphMinibatches or KernelMinibatches
+        self.step = run_minibatches.step  # PPOUpdateStep or PPOUpdateKernel: owns the optimizer
         self.cfg = ppo_cfg
         self._rng_owner = rng_owner  # .rng: the trainer's Generator (replaced on a data-parallel resume)
         self.world_size = world_size
         self.amp = amp
         self.snapshot, self.restore = snapshot, restore
         self.obs_dim, self.hidden, self.memory_budget = obs_dim, list(hidden), memory_budget  # for the size probe
-        self.is_kernel = hasattr(step, "run_epochs")
-        self.run_minibatches = KernelMinibatches(step) if self.is_kernel else GraphMinibatches(
-            step, ppo_cfg.target_kl is not None)
         self.batch_size = None if ppo_cfg.batch_size == "auto" else int(ppo_cfg.batch_size)
         self.auto_batch = None
         self.nonfinite_in_a_row = 0
@@ -94,10 +101,10 @@ class UpdateRunner:
 
     def calls_per_update(self, rollout: int) -> int:
         """Graph/kernel calls of one update without a target_kl stop."""
-        b = self.batch_size // self.world_size
-        if self.is_kernel:
-            return 1 if self.cfg.target_kl is None else self.cfg.n_epochs
-        return self.cfg.n_epochs * (rollout // b)
+        p = self.cfg
+        rows = rollout // (self.batch_size // self.world_size)  # minibatches per epoch
+        per_call = 1 if p.target_kl is not None else p.n_epochs  # epochs per run_minibatches call (see _epochs)
+        return (p.n_epochs // per_call) * self.run_minibatches.calls(per_call * rows)
 
     # ------------------------------------------------------------------ one update
     def run(self, batch: dict, lr: float, clip: float, clip_vf, kl_limit, global_step: int) -> dict:
