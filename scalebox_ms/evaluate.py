@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli_common import OneLineArgumentParser, run_cli
+from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, run_cli
 
 
 def build_parser():
@@ -25,6 +25,8 @@ def build_parser():
 
 
 def main(argv=None) -> int:
+    if argv is None:  # a process of its own: Ctrl-C must not become MindSpore's SIGTERM (see cli_common)
+        route_sigint_around_mindspore()
     args = build_parser().parse_args(argv)
 
     def go():

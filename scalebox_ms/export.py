@@ -18,16 +18,26 @@ import json
 import os
 from typing import List, Optional
 
-import numpy as np
-
 from .errors import ConfigError
 from .fileio import atomic_write_json
+
+# numpy and MindSpore are imported on use: `python -m scalebox_ms.export` routes Ctrl-C before they start threads
 
 FORMAT = "scalebox_ms.policy.mindir.v1"
 
 
+def _normalizer_constants(obs_normalizer):
+    """(mean, 1 / std, clip) of the run's observation statistics, as the deploy graph's float32 constants."""
+    import numpy as np
+    from mindspore import Tensor
+
+    rms = obs_normalizer.rms
+    return (Tensor(np.asarray(rms.mean, np.float32)),
+            Tensor((1.0 / np.sqrt(rms.var + obs_normalizer.epsilon)).astype(np.float32)), float(obs_normalizer.clip))
+
+
 def _deploy_cell(policy_cell, obs_normalizer):
-    from mindspore import Tensor, nn, ops
+    from mindspore import nn, ops
 
     class DeployPolicy(nn.Cell):
         """raw obs -> normalised obs -> deterministic action."""
@@ -37,10 +47,7 @@ def _deploy_cell(policy_cell, obs_normalizer):
             self.policy = policy_cell
             self.normalize = obs_normalizer is not None
             if self.normalize:
-                rms = obs_normalizer.rms
-                self.mean = Tensor(np.asarray(rms.mean, np.float32))
-                self.inv_std = Tensor((1.0 / np.sqrt(rms.var + obs_normalizer.epsilon)).astype(np.float32))
-                self.clip = float(obs_normalizer.clip)
+                self.mean, self.inv_std, self.clip = _normalizer_constants(obs_normalizer)
 
         def construct(self, obs):
             x = obs
@@ -144,8 +151,9 @@ class MindIRPolicy:
         except Exception as exc:
             raise ConfigError(f"--mindir {path}: MindSpore cannot load it ({type(exc).__name__})") from None
 
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
+    def __call__(self, obs: "np.ndarray") -> "np.ndarray":  # noqa: F821 (numpy imported on use)
         import mindspore as ms
+        import numpy as np
 
         obs = np.asarray(obs, np.float32)
         return self.cell(ms.Tensor(obs.reshape(obs.shape[0], -1))).asnumpy()
@@ -160,7 +168,7 @@ def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs:
 
     def act(obs):
         a = policy(obs)
-        return a.astype(np.int64) if discrete else a
+        return a.astype("int64") if discrete else a
 
     return run_episodes(policy.sidecar["env_id"], policy.sidecar.get("env_kwargs") or {}, act, episodes, seed,
                         max_envs)
@@ -187,9 +195,10 @@ def build_parser():
 
 
 def main(argv=None) -> int:
+    from .cli_common import route_sigint_around_mindspore, run_cli
 
-    from .cli_common import run_cli
-
+    if argv is None:  # a process of its own: Ctrl-C must not become MindSpore's SIGTERM (see cli_common)
+        route_sigint_around_mindspore()
     args = build_parser().parse_args(argv)
 
     def go():

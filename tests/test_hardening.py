@@ -176,3 +176,37 @@ def test_a_run_whose_evaluation_gives_up_still_completes_with_a_summary(tmp_path
     assert on_disk["status"] == summary["status"] == "completed"
     assert "CrashingCartPole" in on_disk["eval_error"] and on_disk["eval_episodes"] == 0
     assert on_disk["eval_env_events"] and on_disk["env_events"]  # training survived its crashes too
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("tool", ["evaluate", "export"])
+def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool):
+    """MindSpore 2.10 turns SIGINT into SIGTERM while a graph runs; evaluate/export route Ctrl-C around it as
+    train does: 'interrupted', exit 130, instead of being killed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    run_dir = tmp_path / "run"
+    r = run_module("train", "--total-steps", 64, "--run-dir", run_dir, "--no-progress", "--set", "env.num_envs=4",
+                   "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32", "--set", "run.eval_episodes=0")
+    assert r.returncode == 0, r.stderr
+    args = (["--run", str(run_dir), "--episodes", "1000000"] if tool == "evaluate" else
+            ["--run", str(run_dir), "--int8", "--quant-level", "L2", "--calibrate-steps", "100000000"])
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", f"scalebox_ms.{tool}", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(20)  # imports, trainer, checkpoint: then it steps envs through graph calls for minutes
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert err.strip().splitlines()[-1] == "interrupted"
