@@ -80,7 +80,7 @@ class RolloutCollector:
 
     def _check_finite(self, raw_obs, reward, step: int) -> None:
         for what, value in (("observation", raw_obs), ("reward", reward)):
-            if value is None:
+            if value is None or np.isfinite(value).all():  # the common case: no copy
                 continue
             arr = np.asarray(value, np.float64).reshape(self.num_envs, -1)
             bad = ~np.isfinite(arr).all(axis=1)
@@ -191,8 +191,9 @@ class RolloutCollector:
         obs_raw = cell.obs_raw.asnumpy()
         last_raw = last_raw.asnumpy()
         t_graph = time.perf_counter() - t0
-        for t in range(T):
-            self._check_finite(obs_raw[t], rewards[t], step + t * N)
+        if not (np.isfinite(obs_raw).all() and np.isfinite(rewards).all()):  # find the first bad step
+            for t in range(T):
+                self._check_finite(obs_raw[t], rewards[t], step + t * N)
         self._check_finite(last_raw, None, step + T * N)
         for t in range(T):
             storage.rewards[t] = self._account_step(rewards[t], terminated[t] | truncated[t], valid_all[t])

@@ -48,11 +48,12 @@ def resolve_act_kernel(model, choice: str, num_envs: int) -> Tuple[str, str]:
     """('builtin' | 'custom', why) for ``policy.act_kernel = choice`` at batch ``num_envs``."""
     import mindspore as ms
 
+    from ..config import checked_section
+    from ..ops.custom import kernel_available
+
+    choice = checked_section("policy", act_kernel=choice).act_kernel  # the config's own check and message
     if choice in ("builtin", "custom"):
         return choice, "as configured"
-    if choice != "auto":
-        raise ConfigError(f"policy.act_kernel: {choice!r} is not one of builtin, custom, auto")
-    from ..ops.custom import kernel_available
 
     device = ms.get_context("device_target")
     if device != "CPU":
@@ -73,22 +74,20 @@ def build_act_steps(model, policy_cfg, num_envs: int):
     ``custom`` that cannot be built raises :class:`CustomOpError`; ``auto`` then falls back to ``builtin``."""
     from ..models import ActStep
 
+    def steps(kernel):
+        return ActStep(model, kernel=kernel), ActStep(model, packed=True, kernel=kernel)
+
     choice = policy_cfg.act_kernel
     kernel, reason = resolve_act_kernel(model, choice, num_envs)
-    if choice == "auto" and kernel == "custom":
-        try:
-            steps = ActStep(model, kernel="custom"), ActStep(model, packed=True, kernel="custom")
-        except CustomOpError as exc:
-            _report("policy.act_kernel", choice, "builtin", f"the custom kernel cannot be built: {exc}", fallback=True)
-            return ActStep(model, kernel="builtin"), ActStep(model, packed=True, kernel="builtin")
-        _report("policy.act_kernel", choice, "custom", reason)
-        return steps
     try:
-        steps = ActStep(model, kernel=kernel), ActStep(model, packed=True, kernel=kernel)
+        built = steps(kernel)
     except CustomOpError as exc:
-        raise CustomOpError(f"policy.act_kernel: custom: {exc}") from None
+        if choice != "auto":
+            raise CustomOpError(f"policy.act_kernel: custom: {exc}") from None
+        _report("policy.act_kernel", choice, "builtin", f"the custom kernel cannot be built: {exc}", fallback=True)
+        return steps("builtin")
     _report("policy.act_kernel", choice, kernel, reason)
-    return steps
+    return built
 
 
 def update_kernel_blockers(config, amp, world_size: int, device: str) -> list:

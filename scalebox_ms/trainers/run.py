@@ -205,8 +205,6 @@ def environment_record(cfg: Config, trainer) -> dict:
 
 
 def _check_world_size(prefix: str, world_size: int) -> None:
-    from .checkpoint import read_sidecar
-
     saved = read_sidecar(prefix)["world_size"]
     if saved != world_size:
         raise CheckpointError(f"checkpoint {os.path.basename(prefix)} was written by a {saved}-rank run; this run has "
