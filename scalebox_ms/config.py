@@ -12,6 +12,7 @@ run their section's checks on their arguments through :func:`checked_section` ra
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -21,7 +22,9 @@ from typing import Any, Dict, List, Optional, Union
 
 import yaml
 
-from .config_yaml import first_line, load_yaml, set_field, unknown_key
+from .config_offpolicy import (ALGOS, OFF_POLICY, POLICY_DEFAULTS, SECTION_CHECKS, DQNConfig, SACConfig, TD3Config,
+                              check_off_policy)
+from .config_yaml import coerce, first_line, load_yaml, set_field, unknown_key
 from .errors import ConfigError, short_repr
 
 
@@ -103,6 +106,8 @@ class RunConfig:
     #: deterministic evaluation episodes at the end of training (0: none)
     eval_episodes: int = 0
     progress: bool = True
+    #: off-policy algorithms: save the replay buffer with each checkpoint (false: a resumed run refills it)
+    save_replay: bool = True
 
 
 @dataclass
@@ -155,17 +160,28 @@ class ParallelConfig:
 
 @dataclass
 class Config:
+    #: the algorithm: 'ppo', 'dqn', 'sac' or 'td3' (its section holds its settings; the others' are absent)
+    algo: str = "ppo"
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    dqn: DQNConfig = field(default_factory=DQNConfig)
+    sac: SACConfig = field(default_factory=SACConfig)
+    td3: TD3Config = field(default_factory=TD3Config)
     run: RunConfig = field(default_factory=RunConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     amp: AmpConfig = field(default_factory=AmpConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
+    @property
+    def algo_config(self):
+        """The active algorithm's section (``cfg.ppo``, ``cfg.dqn``, ...)."""
+        return getattr(self, self.algo)
+
     # ------------------------------------------------------------------ conversion
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """All sections except the inactive algorithms'."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ALGOS or k == self.algo}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -180,10 +196,20 @@ class Config:
             data = {}
         if not isinstance(data, dict):
             raise ConfigError(f"config: expected a mapping of sections, got {type(data).__name__}")
+        cfg.algo = algo = coerce("algo", str, data.get("algo", "ppo"))
+        if algo not in ALGOS:
+            raise ConfigError(f"algo: {short_repr(algo)} is not one of {', '.join(ALGOS)}")
+        for key, value in POLICY_DEFAULTS[algo].items():  # the algorithm's default networks (SB3's)
+            setattr(cfg.policy, key, copy.deepcopy(value))
         sections = {f.name: f for f in dataclasses.fields(cls)}
         for name, value in data.items():
+            if name == "algo":
+                continue
             if name not in sections:
                 raise ConfigError(unknown_key("config", name, sections))
+            if name in ALGOS and name != algo:
+                raise ConfigError(f"{name}: a section of algo {name}, but this config trains algo {algo} "
+                                  f"(set algo: {name}, or remove the section)")
             if value is None:
                 continue
             if not isinstance(value, dict):
@@ -195,25 +221,49 @@ class Config:
         return cfg
 
     def with_overrides(self, overrides: List[str]) -> "Config":
-        """Apply ``section.key=value`` strings (values parsed as YAML); returns a new Config."""
+        """Apply ``section.key=value`` strings (values parsed as YAML) and ``algo=name``; returns a new Config.
+
+        ``algo=name`` switches the algorithm: the old algorithm's section goes, and policy settings that were at
+        the old algorithm's defaults take the new one's."""
         data = self.to_dict()
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"--set {short_repr(item)}: expected section.key=value")
             path, raw = item.split("=", 1)
             parts = path.strip().split(".")
-            if len(parts) != 2 or not all(parts):
+            if parts != ["algo"] and (len(parts) != 2 or not all(parts)):
                 raise ConfigError(f"--set {short_repr(item)}: key must be section.key, e.g. ppo.n_steps=64")
             try:
                 value = load_yaml(raw, f"--set {path.strip()}", lines=False)
             except yaml.YAMLError as exc:
                 raise ConfigError(f"--set {path}: value {short_repr(raw)} is not valid YAML "
                                   f"({first_line(exc)})") from None
+            if parts == ["algo"]:
+                _switch_algo(data, value)
+                continue
             section, key = parts
-            if section not in data:
-                raise ConfigError(unknown_key("config", section, data))
+            if section not in data and section in ALGOS:
+                raise ConfigError(f"--set {path.strip()}: a key of algo {section}, but this config trains algo "
+                                  f"{data['algo']} (add --set algo={section} before it)")
+            if section not in data or section == "algo":
+                raise ConfigError(unknown_key("config", section, [k for k in data if k != "algo"]))
             data[section][key] = value
         return Config.from_dict(data)
+
+
+def _switch_algo(data: Dict[str, Any], algo: Any) -> None:
+    old = data.get("algo", "ppo")
+    if algo == old:
+        return
+    if algo not in ALGOS:
+        raise ConfigError(f"algo: {short_repr(algo)} is not one of {', '.join(ALGOS)}")
+    data.pop(old, None)
+    data["algo"] = algo
+    data[algo] = {}
+    policy = data.get("policy", {})
+    for key, value in POLICY_DEFAULTS[old].items():
+        if policy.get(key) == value:  # left at the old algorithm's default: the new algorithm's default applies
+            policy.pop(key)
 
 
 def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> Config:
@@ -279,9 +329,13 @@ def validate(cfg: Config) -> None:
     checks that relate sections. Classes that library users may build directly validate their arguments with
     :func:`checked_section`, which runs the same section checks."""
     for name, check in _SECTION_CHECKS.items():
-        check(getattr(cfg, name))
-    _check_rollout(cfg.ppo, cfg.env)
-    _check_parallel(cfg)
+        if name not in ALGOS or name == cfg.algo:
+            check(getattr(cfg, name))
+    if cfg.algo in OFF_POLICY:
+        check_off_policy(cfg)
+    else:
+        _check_rollout(cfg.ppo, cfg.env)
+        _check_parallel(cfg)
     e, s = cfg.env, cfg.sandbox
     if e.backend == "native":
         from .envs.native import SUPPORTED
@@ -403,7 +457,8 @@ def _check_parallel_section(par: ParallelConfig) -> None:
 
 
 _SECTION_CHECKS = {"env": _check_env, "policy": _check_policy, "ppo": _check_ppo, "run": _check_run,
-                   "sandbox": _check_sandbox, "amp": _check_amp, "parallel": _check_parallel_section}
+                   "sandbox": _check_sandbox, "amp": _check_amp, "parallel": _check_parallel_section,
+                   **SECTION_CHECKS}
 
 
 def _check_parallel(cfg: Config) -> None:

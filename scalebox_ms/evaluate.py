@@ -44,13 +44,13 @@ def main(argv=None) -> int:
             raise CheckpointError(f"--run {args.run}: not a run directory (no config.yaml)")
 
         from .config import load_config
-        from .trainers import PPOTrainer
+        from .trainers import make_trainer
         from .trainers.checkpoint import resolve_checkpoint
         from .trainers.evaluation import evaluate_policy
 
         cfg = load_config(os.path.join(args.run, "config.yaml"))
         ckpt = resolve_checkpoint(args.checkpoint or os.path.join(args.run, "checkpoints"))
-        trainer = PPOTrainer(cfg).load(ckpt)
+        trainer = make_trainer(cfg).load(ckpt)
         rets = evaluate_policy(trainer, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)
         trainer.close()
         result = {**return_stats(rets), "checkpoint": ckpt, "global_step": trainer.global_step,

@@ -79,6 +79,9 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     if not output.endswith(".mindir"):
         raise ConfigError(f"--output {output}: must end with .mindir")
     quant_info = None
+    if int8 and trainer.config.algo != "ppo":
+        raise ConfigError(f"--int8: INT8 export covers PPO's actor-critic MLP; {trainer.config.algo} policies are "
+                          "exported in float32 (omit --int8)")
     if int8:
         from .quant import DynamicQuantizer, collect_calibration_data
 
@@ -88,8 +91,8 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         data = collect_calibration_data(trainer, calibrate_steps)
         policy = quantizer(trainer, data)
         quant_info = policy.info
-    else:
-        policy = trainer.model
+    else:  # the deterministic policy: PPO's ActorCritic, or the off-policy trainers' DeployActor
+        policy = trainer.deploy_policy() if hasattr(trainer, "deploy_policy") else trainer.model
     cell = _deploy_cell(policy, trainer.obs_normalizer)
     spec = trainer.spec
     directory = os.path.dirname(os.path.abspath(output))
@@ -122,6 +125,7 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
             "epsilon": trainer.obs_normalizer.epsilon, "clip": trainer.obs_normalizer.clip,
             "formula": "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)"},
         "quantization": quant_info,
+        "algo": cfg.algo,
         "global_step": trainer.global_step,
         "param_sha256": trainer.parameters_sha256(),
         "source_checkpoint": source,
@@ -216,12 +220,12 @@ def main(argv=None) -> int:
         if not output.endswith(".mindir"):
             raise ConfigError(f"--output {output}: must end with .mindir")
         from .config import load_config
-        from .trainers import PPOTrainer
+        from .trainers import make_trainer
         from .trainers.checkpoint import resolve_checkpoint
 
         cfg = load_config(os.path.join(args.run, "config.yaml"))
         ckpt = resolve_checkpoint(args.checkpoint or os.path.join(args.run, "checkpoints"))
-        trainer = PPOTrainer(cfg).load(ckpt)
+        trainer = make_trainer(cfg).load(ckpt)
         sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=args.calibrate_steps,
                                 activation_calibration=calib, percentile=args.percentile, source=ckpt)
         trainer.close()

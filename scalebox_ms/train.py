@@ -32,7 +32,7 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpol
 
 
 def build_parser():
-    p = OneLineArgumentParser(prog="python -m scalebox_ms.train", description="Train PPO with MindSpore.")
+    p = OneLineArgumentParser(prog="python -m scalebox_ms.train", description="Train PPO, DQN, SAC or TD3 with MindSpore.")
     p.add_argument("--config", help="YAML config (default: the packaged ppo_cartpole.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value (YAML syntax), repeatable")

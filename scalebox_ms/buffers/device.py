@@ -99,7 +99,7 @@ class ReplayBuffer(nn.Cell):
     :meth:`state_dict` / :meth:`load_state_dict`.
     """
 
-    def __init__(self, capacity: int, specs: Dict[str, Tuple[Sequence[int], type]]):
+    def __init__(self, capacity: int, specs: Dict[str, Tuple[Sequence[int], type]], spare_row: bool = False):
         super().__init__()
         if int(capacity) < 1:
             raise ValueError(f"capacity: must be >= 1, got {capacity}")
@@ -108,7 +108,10 @@ class ReplayBuffer(nn.Cell):
         self.capacity = int(capacity)
         self.names = tuple(specs)
         self.specs = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in specs.items()}
-        self.fields = ms.ParameterTuple([_param((self.capacity,) + shape, dt, f"replay_{name}")
+        # spare_row: one row past the ring that add_masked writes its masked-out items to (never sampled)
+        rows = self.capacity + int(bool(spare_row))
+        self.spare_row = bool(spare_row)
+        self.fields = ms.ParameterTuple([_param((rows,) + shape, dt, f"replay_{name}")
                                          for name, (shape, dt) in self.specs.items()])
         self.position = _param((), np.int32, "replay_position")
         self.size = _param((), np.int32, "replay_size")
@@ -126,6 +129,20 @@ class ReplayBuffer(nn.Cell):
             ops.scatter_update(field, idx, value)
         ops.assign(self.position, ops.remainder(self.position + b, self.capacity))
         new_size = ops.minimum(self.size + b, self.capacity)
+        ops.assign(self.size, new_size)
+        return new_size
+
+    def add_masked(self, items, valid):
+        """Write the items whose ``valid`` (B,) int32 flag is 1, in order, at the ring position (the others go to the
+        spare row); returns the new size. Needs ``spare_row=True`` and B <= capacity."""
+        n_valid = valid.sum().astype(ms.int32)
+        offset = (ops.cumsum(valid, 0) - valid).astype(ms.int32)  # rank of each valid item among the valid ones
+        ring = ops.remainder(self.position + offset, self.capacity)
+        idx = ops.select(valid > 0, ring, ops.fill(ms.int32, valid.shape, self.capacity))
+        for field, value in zip(self.fields, items):
+            ops.scatter_update(field, idx, value)
+        ops.assign(self.position, ops.remainder(self.position + n_valid, self.capacity))
+        new_size = ops.minimum(self.size + n_valid, self.capacity)
         ops.assign(self.size, new_size)
         return new_size
 
@@ -169,6 +186,9 @@ class ReplayBuffer(nn.Cell):
         values = []
         for name, field in zip(self.names, self.fields):
             full = np.zeros(field.shape, self.specs[name][1])
+            if np.shape(state[name]) != (size,) + self.specs[name][0]:
+                raise ValueError(f"load_state_dict: field {name!r} has shape {np.shape(state[name])}, expected "
+                                 f"{(size,) + self.specs[name][0]}")
             full[:size] = state[name]
             values.append(Tensor(full))
         values += [Tensor(np.asarray(int(state["_position"]), np.int32)), Tensor(np.asarray(size, np.int32))]

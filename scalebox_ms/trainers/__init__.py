@@ -1,5 +1,45 @@
-"""Trainers: the policy-scheduling layer."""
-from .ppo import Callback, PPOTrainer, schedule_value
+"""Trainers: the policy-scheduling layer. PPO on-policy; DQN, SAC and TD3 off-policy on one shared core."""
 from ..config import PPOConfig
+from .core import Callback, Trainer
+from .ppo import PPOTrainer, schedule_value
 
-__all__ = ["Callback", "PPOConfig", "PPOTrainer", "schedule_value"]
+
+def __getattr__(name):  # the off-policy trainers import on use
+    if name in ("DQNTrainer", "SACTrainer", "TD3Trainer", "OffPolicyTrainer"):
+        from . import dqn, offpolicy, sac, td3
+
+        return {"DQNTrainer": dqn.DQNTrainer, "SACTrainer": sac.SACTrainer, "TD3Trainer": td3.TD3Trainer,
+                "OffPolicyTrainer": offpolicy.OffPolicyTrainer}[name]
+    raise AttributeError(name)
+
+
+def trainer_class(algo: str):
+    """The trainer class of ``algo`` ('ppo', 'dqn', 'sac', 'td3')."""
+    from ..errors import ConfigError
+
+    names = {"ppo": "PPOTrainer", "dqn": "DQNTrainer", "sac": "SACTrainer", "td3": "TD3Trainer"}
+    if algo not in names:
+        raise ConfigError(f"algo: {algo!r} is not one of {', '.join(names)}")
+    return PPOTrainer if algo == "ppo" else __getattr__(names[algo])
+
+
+def make_trainer(config=None, sandbox=None, **overrides):
+    """The trainer of ``config.algo`` (a Config, a dict in the YAML layout, or None: PPO defaults)."""
+    from ..config import Config
+
+    if isinstance(config, dict):
+        config = Config.from_dict(config)
+    algo = "ppo" if config is None else config.algo
+    return trainer_class(algo)(config, sandbox=sandbox, **overrides)
+
+
+def load_trainer(path: str, sandbox=None):
+    """A trainer of the right algorithm, built from a checkpoint's config and restored from it."""
+    from .checkpoint import read_sidecar, resolve_checkpoint
+
+    sc = read_sidecar(resolve_checkpoint(path))
+    return trainer_class(sc["config"].get("algo", "ppo")).from_checkpoint(path, sandbox=sandbox)
+
+
+__all__ = ["Callback", "DQNTrainer", "OffPolicyTrainer", "PPOConfig", "PPOTrainer", "SACTrainer", "TD3Trainer",
+           "Trainer", "load_trainer", "make_trainer", "schedule_value", "trainer_class"]

@@ -7,6 +7,8 @@ A checkpoint ``<dir>/ckpt_<global_step:012d>`` consists of
 * ``.env.pkl``  -- the vector env's in-flight state (positions, RNG states; see :mod:`scalebox_ms.envs.state`)
                    where it can be captured faithfully, so a resumed run continues the very same episodes;
                    absent otherwise (``env_state`` null in the sidecar);
+* ``.replay.npz`` -- off-policy algorithms: the replay buffer's contents (numpy ``.npz``, uncompressed; about
+                   ``size x (2 x obs_dim + action width + 2) x 4`` bytes), unless ``run.save_replay`` is false;
 * ``.json``     -- the sidecar: format version, config, counters, normalisation statistics, RNG states, the
                    trainer's in-flight rollout state, the SHA-256 of the other two files, and ``sidecar_sha256``:
                    the SHA-256 of the sidecar's own canonical JSON (sorted keys, no spaces) without that key.
@@ -32,7 +34,20 @@ from typing import Dict, List, Optional, Tuple
 from ..errors import CheckpointError
 from ..fileio import atomic_path, atomic_write_bytes, atomic_write_json, sha256_file
 
-FORMAT = "scalebox_ms.ppo.v1"
+FORMAT = "scalebox_ms.ppo.v1"  # (the name predates the off-policy trainers; their checkpoints use it too)
+# sidecar first: removing it first leaves no half checkpoint
+EXTENSIONS = (".json", ".ckpt", ".env.pkl", ".replay.npz")
+
+
+def steps_per_iteration(config: dict) -> int:
+    """Env steps per iteration of a config in dict form: ppo.n_steps x env.num_envs for PPO; for DQN/SAC/TD3
+    whole training phases (train_freq x num_envs) adding up to at least 1,000 env steps."""
+    algo = config.get("algo", "ppo")
+    num_envs = int(config["env"]["num_envs"])
+    if algo == "ppo":
+        return int(config["ppo"]["n_steps"]) * num_envs
+    phase = int(config[algo]["train_freq"]) * num_envs
+    return phase * max(1, -(-1000 // phase))
 
 
 def checkpoint_prefix(directory: str, global_step: int) -> str:
@@ -45,20 +60,21 @@ def sidecar_digest(sidecar: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=None) -> str:
-    """Write ``prefix.ckpt`` (+ ``prefix.env.pkl``) and finally ``prefix.json``; returns the sidecar path."""
+def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=None, replay=None) -> str:
+    """Write ``prefix.ckpt`` (+ ``prefix.env.pkl``, + ``prefix.replay.npz`` for a dict of ``replay`` arrays) and
+    finally ``prefix.json``; returns the sidecar path."""
     if os.path.exists(prefix + ".json"):  # rewriting a step: incomplete (no sidecar) until the new one lands
         os.unlink(prefix + ".json")
     try:
-        return _write_checkpoint(prefix, tensors, sidecar, env_obj)
+        return _write_checkpoint(prefix, tensors, sidecar, env_obj, replay)
     except OSError as exc:
-        for ext in (".json", ".ckpt", ".env.pkl"):  # no half checkpoint: the previous one stays the latest
+        for ext in EXTENSIONS:  # no half checkpoint: the previous one stays the latest
             if os.path.exists(prefix + ext):
                 os.unlink(prefix + ext)
         raise CheckpointError(f"cannot write checkpoint {prefix}: {exc.strerror or exc}") from None
 
 
-def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj) -> str:
+def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, replay) -> str:
     import mindspore as ms
 
     with atomic_path(prefix + ".ckpt") as tmp:
@@ -76,6 +92,16 @@ def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj) 
             atomic_write_bytes(prefix + ".env.pkl", blob)
             sidecar["env_state"] = {"file": os.path.basename(prefix) + ".env.pkl",
                                     "sha256": sha256_file(prefix + ".env.pkl")}
+    sidecar["replay_state"] = None
+    if replay is not None:
+        import numpy as np
+
+        with atomic_path(prefix + ".replay.npz") as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, **replay)
+        sidecar["replay_state"] = {"file": os.path.basename(prefix) + ".replay.npz",
+                                   "sha256": sha256_file(prefix + ".replay.npz"),
+                                   "bytes": os.path.getsize(prefix + ".replay.npz")}
     sidecar = json.loads(json.dumps(sidecar))  # the JSON form (tuples -> lists, ...) is what gets hashed
     sidecar["sidecar_sha256"] = sidecar_digest(sidecar)
     atomic_write_json(prefix + ".json", sidecar)
@@ -92,7 +118,7 @@ def resolve_checkpoint(path: str) -> str:
         if not found:
             raise CheckpointError(f"no checkpoint found in {path}")
         return found[-1]
-    for ext in (".json", ".ckpt", ".env.pkl"):
+    for ext in EXTENSIONS:
         if path.endswith(ext):
             path = path[: -len(ext)]
             break
@@ -133,10 +159,11 @@ def read_sidecar(prefix: str) -> dict:
                               f"match the step {int(m.group(1))} in its file name")
     if not isinstance(sidecar.get("config"), dict) or not isinstance(sidecar.get("ckpt_sha256"), str):
         raise CheckpointError(f"checkpoint sidecar {prefix}.json: config or ckpt_sha256 missing")
-    try:  # every iteration adds n_steps x num_envs env steps (all ranks' envs under data parallelism)
-        per_iteration = int(sidecar["config"]["ppo"]["n_steps"]) * int(sidecar["config"]["env"]["num_envs"])
+    try:  # every iteration adds a fixed number of env steps (all ranks' envs under data parallelism)
+        per_iteration = steps_per_iteration(sidecar["config"])
     except (KeyError, TypeError, ValueError):
-        raise CheckpointError(f"checkpoint sidecar {prefix}.json: its config has no ppo.n_steps/env.num_envs") from None
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json: its config does not say how many env steps an "
+                              "iteration has") from None
     if sidecar["global_step"] != sidecar["iteration"] * per_iteration:
         raise CheckpointError(f"checkpoint sidecar {prefix}.json: global_step {sidecar['global_step']} is not "
                               f"iteration {sidecar['iteration']} x {per_iteration} env steps per iteration")
@@ -151,11 +178,12 @@ def verify_checkpoint(prefix: str) -> dict:
         raise CheckpointError(f"checkpoint file missing: {ckpt}")
     if sha256_file(ckpt) != sidecar["ckpt_sha256"]:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: its SHA-256 does not match the sidecar")
-    info: Optional[dict] = sidecar.get("env_state")
-    if info:
-        env_path = os.path.join(os.path.dirname(prefix), str(info.get("file")))
-        if not os.path.exists(env_path) or sha256_file(env_path) != info.get("sha256"):
-            raise CheckpointError(f"checkpoint env state {env_path} is missing or corrupt")
+    for key, what in (("env_state", "env state"), ("replay_state", "replay buffer")):
+        info: Optional[dict] = sidecar.get(key)
+        if info:
+            path = os.path.join(os.path.dirname(prefix), str(info.get("file")))
+            if not os.path.exists(path) or sha256_file(path) != info.get("sha256"):
+                raise CheckpointError(f"checkpoint {what} {path} is missing or corrupt")
     return sidecar
 
 
@@ -189,11 +217,18 @@ def read_checkpoint(path: str) -> Dict:
     if info:
         with open(os.path.join(os.path.dirname(prefix), info["file"]), "rb") as f:
             env = pickle.loads(f.read())  # hash-verified file written by write_checkpoint
-    return {"prefix": prefix, "sidecar": sidecar, "tensors": tensors, "env": env}
+    replay = None
+    info = sidecar.get("replay_state")
+    if info:
+        import numpy as np
+
+        with np.load(os.path.join(os.path.dirname(prefix), info["file"]), allow_pickle=False) as z:
+            replay = {k: z[k] for k in z.files}
+    return {"prefix": prefix, "sidecar": sidecar, "tensors": tensors, "env": env, "replay": replay}
 
 
 def prune_checkpoints(directory: str, keep: int) -> None:
     for prefix in list_checkpoints(directory)[:-keep]:
-        for ext in (".json", ".ckpt", ".env.pkl"):  # sidecar first: an interrupted prune leaves no half checkpoint
+        for ext in EXTENSIONS:  # sidecar first: an interrupted prune leaves no half checkpoint
             if os.path.exists(prefix + ext):
                 os.unlink(prefix + ext)

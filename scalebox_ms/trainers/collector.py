@@ -55,6 +55,7 @@ class RolloutCollector:
         self.episodes = 0
         # in-flight env state between rollouts
         self.obs: Optional[np.ndarray] = None             # normalised obs the policy sees next
+        self.raw_obs: Optional[np.ndarray] = None         # the same, as the env returned it (replay buffers)
         self.valid = np.ones(num_envs, bool)              # False: the next step is an autoreset step
         self.ep_return = np.zeros(num_envs, np.float64)
         self.ep_length = np.zeros(num_envs, np.int64)
@@ -93,6 +94,7 @@ class RolloutCollector:
     def reset(self, seed: Optional[int], step: int = 0) -> None:
         obs, _ = self.env.reset(seed=seed)
         self._check_finite(obs, None, step)
+        self.raw_obs = np.asarray(obs, np.float32).reshape(self.num_envs, -1)
         self.obs = self.normalize_obs(obs, update=True)
         self.valid[:] = True
         self.ep_return[:] = 0.0

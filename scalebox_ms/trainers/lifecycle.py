@@ -20,7 +20,7 @@ from .ppo import Callback
 # config keys a resumed run may change: the horizon (run.total_steps extends or shortens the run, and with it the
 # linear schedules' horizon) and bookkeeping that does not enter the maths
 RESUMABLE_KEYS = ("run.total_steps", "run.progress", "run.checkpoint_every", "run.keep_checkpoints",
-                  "run.eval_episodes")
+                  "run.eval_episodes", "run.save_replay")
 
 
 def select_checkpoint(run_dir: str, chosen: Optional[str]) -> Optional[str]:
@@ -82,7 +82,7 @@ def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
 
 def check_config_unchanged(run_dir: str, prefix: str, trained: dict, current: dict) -> None:
     """Refuse a config.yaml edited since the checkpoint was written (except :data:`RESUMABLE_KEYS`)."""
-    old, new = _flatten(trained), _flatten(current)
+    old, new = _flatten({"algo": "ppo", **trained}), _flatten(current)  # (configs before `algo` existed: ppo)
     changed: List[str] = [f"{k}={old.get(k, '(absent)')} -> {new.get(k, '(absent)')}"
                           for k in sorted(set(old) | set(new)) if k not in RESUMABLE_KEYS and old.get(k) != new.get(k)]
     if changed:

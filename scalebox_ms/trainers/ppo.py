@@ -18,8 +18,6 @@ runs are reproducible and resumable bit for bit.
 """
 from __future__ import annotations
 
-import copy
-import logging
 import time
 from typing import Optional, Sequence, Union
 
@@ -28,19 +26,9 @@ import numpy as np
 from ..config import Config, micro_batches
 from ..errors import ConfigError
 from ..sandbox import Sandbox
+from .core import Callback, Trainer
 
-
-class Callback:
-    """Hooks into :meth:`PPOTrainer.learn`. Return False from ``on_iteration_end`` to stop training."""
-
-    def on_training_start(self, trainer: "PPOTrainer") -> None:
-        pass
-
-    def on_iteration_end(self, trainer: "PPOTrainer", metrics: dict) -> Optional[bool]:
-        return None
-
-    def on_training_end(self, trainer: "PPOTrainer") -> None:
-        pass
+__all__ = ["Callback", "PPOTrainer", "schedule_value"]
 
 
 def schedule_value(initial: float, kind: str, progress_remaining: float) -> float:
@@ -50,7 +38,7 @@ def schedule_value(initial: float, kind: str, progress_remaining: float) -> floa
     return initial
 
 
-class PPOTrainer:
+class PPOTrainer(Trainer):
     """Proximal Policy Optimization on a gymnasium vector env, compiled with MindSpore.
 
     Args:
@@ -63,29 +51,16 @@ class PPOTrainer:
     compiled PPO minibatch update or the C++ kernel, which owns the Adam optimizer state).
     """
 
+    algo = "ppo"
+
     def __init__(self, config: Union[Config, dict, None] = None, sandbox: Optional[Sandbox] = None, **ppo):
-        if config is None:
-            config = Config()
-        elif isinstance(config, dict):
-            config = Config.from_dict(config)
-        elif not isinstance(config, Config):
-            raise ConfigError(f"config: expected Config, dict or None, got {type(config).__name__}")
-        else:
-            config = copy.deepcopy(config)
-        if ppo:  # keyword overrides of the ppo section, e.g. PPOTrainer(cfg, batch_size="auto", max_batch=512)
-            data = config.to_dict()
-            data["ppo"].update(ppo)
-            config = Config.from_dict(data)
-        self.config = config
-        self.log = logging.getLogger("scalebox_ms")
-        if sandbox is None:
-            sandbox = _sandbox_for(config)
-        self.sandbox = sandbox
+        # keyword overrides of the ppo section, e.g. PPOTrainer(cfg, batch_size="auto", max_batch=512)
+        super().__init__(config, sandbox, ppo)
+        config, sandbox = self.config, self.sandbox
 
         from ..amp import AutoMixedPrecision, check_backend
         from ..models import DeterministicStep, ValueStep, build_model
         from ..parallel import init_distributed
-        from .collector import RolloutCollector
         from .kernels import build_act_steps, select_update_kernel
         from .memory import check_fits, rollout_bytes
         from .ppo_update import PPOUpdateStep
@@ -116,10 +91,7 @@ class PPOTrainer:
             from ..parallel.context import moments_reducer
 
             reducer = moments_reducer(self.dist)
-        # rank r draws from stream r of the seed (rank 0 = the single-process stream)
-        rng = np.random.Generator(np.random.PCG64(config.run.seed).jumped(self.dist.rank))
-        self.collector = RolloutCollector(config, sandbox, rng, n_local, rank=self.dist.rank, reducer=reducer)
-        self.spec = self.collector.spec
+        self._make_collector(n_local, rank=self.dist.rank, reducer=reducer)
         width = 1 if self.spec.discrete else self.spec.action_dim
         check_fits("ppo.n_steps", f"a rollout of ppo.n_steps x env.num_envs = {p.n_steps} x {n_local} samples",
                    rollout_bytes(p.n_steps * n_local, self.spec.obs_dim, width),
@@ -144,41 +116,11 @@ class PPOTrainer:
                                    self._values.restore, obs_dim=self.spec.obs_dim,
                                    hidden=list(config.policy.pi_layers) + list(config.policy.vf_layers),
                                    memory_budget=self._memory_budget)
-        self.global_step = 0
-        self.iteration = 0
-        self.wall_time_s = 0.0  # accumulated over sessions (resume)
-        self._last_metrics: dict = {}
-        # stochastic predict(): its own stream of the run's seed (never the training stream)
-        self._predict_rng = np.random.Generator(np.random.PCG64([config.run.seed, 1]))
 
     # ------------------------------------------------------------------ the parts, as attributes users know
-    env = property(lambda self: self.collector.env)
-    obs_normalizer = property(lambda self: self.collector.obs_normalizer)
-    reward_scaler = property(lambda self: self.collector.reward_scaler)
-    episodes = property(lambda self: self.collector.episodes)
-    episode_returns = property(lambda self: self.collector.episode_returns)
-    episode_lengths = property(lambda self: self.collector.episode_lengths)
     batch_size = property(lambda self: self.runner.batch_size)
     auto_batch = property(lambda self: self.runner.auto_batch)
     _compiled_rollout = property(lambda self: self.collector.compiled)
-
-    @property
-    def rng(self) -> np.random.Generator:
-        """The training Generator (sampling noise, minibatch permutations)."""
-        return self.collector.rng
-
-    @property
-    def num_envs(self) -> int:
-        """Envs this process steps (``env.num_envs`` / world size under data parallelism)."""
-        return self.collector.num_envs
-
-    @property
-    def world_size(self) -> int:
-        return self.dist.world_size
-
-    def _env_seed(self, seed: int) -> int:
-        """Rank r's vector env gets seeds seed + r * n_local + i: the union over ranks is the single-process set."""
-        return seed + self.dist.rank * self.num_envs
 
     def _memory_budget(self):
         limit = getattr(self.sandbox, "memory_limit_bytes", None)
@@ -187,9 +129,6 @@ class PPOTrainer:
 
             return max(0, limit - current_rss_bytes())
         return None
-
-    def normalize_obs(self, obs: np.ndarray, update: bool = False) -> np.ndarray:
-        return self.collector.normalize_obs(obs, update=update)
 
     def update_calls_per_iteration(self) -> int:
         """Update graph/kernel calls per iteration without a target_kl stop."""
@@ -208,12 +147,8 @@ class PPOTrainer:
 
         from ..buffers import RolloutStorage, compute_gae
 
-        if total_steps is not None:
-            if int(total_steps) < 1:
-                raise ConfigError(f"total_steps: must be >= 1, got {total_steps}")
-            self.config.run.total_steps = int(total_steps)
+        stop_at = self._check_horizon(total_steps, until)
         horizon = self.config.run.total_steps
-        stop_at = horizon if until is None else min(int(until), horizon)
         workers = self.config.parallel.workers
         if self.dist.world_size != workers and workers > 1:
             raise ConfigError(f"parallel.workers: {workers} workers are configured but this process is not one "
@@ -303,78 +238,37 @@ class PPOTrainer:
         return self
 
     # ------------------------------------------------------------------ inference
-    def predict(self, obs, deterministic: bool = True, rng: Optional[np.random.Generator] = None) -> np.ndarray:
-        """Actions for one observation (obs_dim,) or a batch (B, obs_dim), normalised with the run's statistics.
-
-        Stochastic actions draw their noise from ``rng``, or from the trainer's own predict stream (seeded from
-        ``run.seed``, separate from the training stream)."""
+    def _act_deterministic(self, batch: np.ndarray) -> np.ndarray:
         import mindspore as ms
 
-        obs = np.asarray(obs, np.float32)
-        single = obs.ndim == len(self.env.single_observation_space.shape)
-        batch = self.normalize_obs(obs[None] if single else obs, update=False)
-        if deterministic:
-            actions = self.deterministic_step(ms.Tensor(batch)).asnumpy()
-        else:
-            noise = self.collector.noise(batch.shape[0], rng=self._predict_rng if rng is None else rng)
-            actions = self.act_step(ms.Tensor(batch), ms.Tensor(noise))[0].asnumpy()
-        actions = self.collector.env_actions(actions)
-        return actions[0] if single else actions
+        return self.collector.env_actions(self.deterministic_step(ms.Tensor(batch)).asnumpy())
+
+    def _act_stochastic(self, batch: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        import mindspore as ms
+
+        noise = self.collector.noise(batch.shape[0], rng=rng)
+        return self.collector.env_actions(self.act_step(ms.Tensor(batch), ms.Tensor(noise))[0].asnumpy())
+
+    def _summary_extra(self) -> dict:
+        """PPO's entries of summary.json."""
+        out = {"batch_size": self.batch_size,
+               "graph_calls_per_iteration": None if self.batch_size is None else
+               (1 if self._compiled_rollout else self.config.ppo.n_steps + 1) + self.update_calls_per_iteration(),
+               "update_kernel": type(self.update_step).__name__,
+               "act_kernel": getattr(self.act_step, "kernel", "builtin")}
+        if self.auto_batch is not None:
+            out["auto_batch"] = self.auto_batch
+        return out
 
     # ------------------------------------------------------------------ state
-    def parameters_sha256(self) -> str:
-        """SHA-256 of the policy/value parameters in the logical layout (see :func:`.state.parameters_sha256`)."""
-        from .state import parameters_sha256
+    def _sidecar_extra(self) -> dict:
+        return {"batch_size": self.batch_size, "auto_batch": self.auto_batch}
 
-        return parameters_sha256(self.model)
-
-    def _named_state(self):
-        return self._values.named
-
-    def save(self, prefix: str) -> str:
-        """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path."""
-        from .state import save
-
-        return save(self, prefix)
-
-    def load(self, path: str) -> "PPOTrainer":
-        """Restore parameters, optimizer, statistics, counters, RNG and env state from a checkpoint."""
-        from .state import load
-
-        return load(self, path)
-
-    @classmethod
-    def from_checkpoint(cls, path: str, sandbox: Optional[Sandbox] = None) -> "PPOTrainer":
-        """Build a trainer with the checkpoint's own config and restore its state."""
-        from ..errors import CheckpointError
-        from .checkpoint import read_checkpoint
-
-        sc = read_checkpoint(path)["sidecar"]
-        try:
-            cfg = Config.from_dict(sc["config"])
-        except (ConfigError, KeyError) as exc:
-            raise CheckpointError(f"checkpoint {path}: its config is invalid ({exc})") from None
-        return cls(cfg, sandbox=sandbox).load(path)
-
-    def close(self) -> None:
-        self.collector.close()
-
-
-def _sandbox_for(config: Config) -> Sandbox:
-    """The Sandbox of ``config.sandbox``; inside msrun, each rank takes its share of the cores and its device."""
-    from ..parallel.context import in_msrun, local_rank, msrun_world_size
-
-    sb_cfg = config.sandbox
-    if in_msrun():
-        import os
-
-        sb_cfg = copy.copy(sb_cfg)
-        if sb_cfg.threads == 0:  # ranks share this machine's cores instead of each taking all
-            sb_cfg.threads = max(1, (os.cpu_count() or 1) // msrun_world_size())
-        # one accelerator per rank: sandbox.device_id is rank 0's device, rank r takes the r-th after it
-        # (ignored on CPU)
-        sb_cfg.device_id = sb_cfg.device_id + local_rank()
-    return Sandbox.from_config(sb_cfg, config.run.seed)
+    def _restore_extra(self, sc: dict) -> None:
+        runner = self.runner
+        if self.config.ppo.batch_size == "auto" and sc.get("batch_size"):
+            runner.batch_size = int(sc["batch_size"])  # resume with the size chosen before, no new probe
+            runner.auto_batch = sc.get("auto_batch") or {"chosen": runner.batch_size, "table": [], "events": []}
 
 
 def _pipeline_refusal(device: str, stages: int) -> str:

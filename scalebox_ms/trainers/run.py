@@ -29,7 +29,7 @@ from ..fileio import atomic_path, atomic_write_json, atomic_write_text
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
 from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, remove_stale_temporaries,
                         select_checkpoint, truncate_metrics)
-from .ppo import Callback, PPOTrainer
+from .core import Callback
 
 METRIC_COLUMNS = [
     "iteration", "global_step", "wall_time_s", "steps_per_second", "episode_return_mean", "episode_length_mean",
@@ -37,6 +37,15 @@ METRIC_COLUMNS = [
     "explained_variance", "learning_rate", "clip_range", "n_updates", "early_stopped", "rollout_time_s",
     "update_time_s", "share_env", "share_act", "share_update", "share_comm", "share_other", "update_samples_per_s",
     "batch_size", "env_restarts", "world_size", "comm_time_s", "loss_scale", "amp_overflows", "amp_skipped_steps",
+    "nonfinite_updates",
+]
+# DQN/SAC/TD3: one row per iteration (whole training phases adding up to >= 1,000 env steps), statistics averaged
+# over its gradient steps (columns of another algorithm stay empty)
+OFF_POLICY_COLUMNS = [
+    "iteration", "global_step", "wall_time_s", "steps_per_second", "episode_return_mean", "episode_length_mean",
+    "episodes", "loss", "critic_loss", "actor_loss", "q_values", "ent_coef", "ent_coef_loss", "entropy",
+    "exploration_rate", "actor_updates", "learning_rate", "n_updates", "replay_size", "update_time_s", "share_env",
+    "share_act", "share_update", "share_other", "update_samples_per_s", "batch_size", "env_restarts", "world_size",
     "nonfinite_updates",
 ]
 # columns that depend on the machine's speed, not on the maths (excluded from reproducibility checks)
@@ -52,17 +61,18 @@ def peak_rss_mb() -> float:
 class MetricsWriter(Callback):
     """Appends one CSV row per iteration and flushes it (a crash loses at most the current row)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, columns=METRIC_COLUMNS):
         self.path = path
+        self.columns = list(columns)
         new = not os.path.exists(path) or os.path.getsize(path) == 0
         self._f = open(path, "a", newline="", encoding="utf-8")
-        self._w = csv.DictWriter(self._f, fieldnames=METRIC_COLUMNS, extrasaction="ignore")
+        self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="ignore")
         if new:
             self._w.writeheader()
             self._f.flush()
 
     def on_iteration_end(self, trainer, metrics):
-        self._w.writerow({k: _fmt(metrics.get(k)) for k in METRIC_COLUMNS})
+        self._w.writerow({k: _fmt(metrics.get(k)) for k in self.columns})
         self._f.flush()
 
     def close(self):
@@ -299,7 +309,9 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
     from ..runlock import RunLock, held_by_launcher, in_use
 
     created = not os.path.exists(run_dir)
-    trainer = PPOTrainer(cfg)  # validates env id and spaces before anything is written
+    from . import make_trainer
+
+    trainer = make_trainer(cfg)  # validates env id and spaces before anything is written
     stopper = StopOnSignal(log)
     try:
         cfg = trainer.config  # (under a user's msrun line: parallel.workers = the detected world size)
@@ -355,7 +367,7 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
 def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, stopper) -> dict:
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     metrics_path = os.path.join(run_dir, "metrics.csv")
-    writer = MetricsWriter(metrics_path)
+    writer = MetricsWriter(metrics_path, METRIC_COLUMNS if cfg.algo == "ppo" else OFF_POLICY_COLUMNS)
     saver = CheckpointSaver(ckpt_dir, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
     callbacks: List[Callback] = [writer, saver, stopper]
     show = cfg.run.progress if progress is None else progress
@@ -372,7 +384,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         saver.save(trainer)
     per_rank = _rank_hashes(trainer)
     plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"),
-                        f"PPO {cfg.env.id} (seed {cfg.run.seed})")
+                        f"{cfg.algo.upper()} {cfg.env.id} (seed {cfg.run.seed})")
     completed = trainer.global_step >= cfg.run.total_steps
     m = trainer._last_metrics
     summary = {
@@ -391,14 +403,9 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         "world_size": trainer.world_size,
         **per_rank,
         "device": trainer.sandbox.device,
-        "batch_size": trainer.batch_size,
-        "graph_calls_per_iteration": None if trainer.batch_size is None else
-        (1 if trainer._compiled_rollout else cfg.ppo.n_steps + 1) + trainer.update_calls_per_iteration(),
-        "update_kernel": type(trainer.update_step).__name__,
-        "act_kernel": getattr(trainer.act_step, "kernel", "builtin"),
+        "algo": cfg.algo,
+        **trainer._summary_extra(),
     }
-    if trainer.auto_batch is not None:
-        summary["auto_batch"] = trainer.auto_batch
     if getattr(trainer.env, "events", None) is not None:
         summary["env_events"] = list(trainer.env.events)  # isolated workers restarted (crash/timeout/memory)
     if stopper.signum is not None:
@@ -418,7 +425,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
                         "eval_episodes": len(rets), "eval_replayed_episodes": getattr(rets, "replayed", 0),
                         "eval_env_events": list(getattr(rets, "env_events", [])), "eval_error": eval_error})
     summary = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
-    if trainer.auto_batch is not None:
+    if getattr(trainer, "auto_batch", None) is not None:
         log("dynamic batching: " + ", ".join(f"{r['batch_size']}: {r['samples_per_s']:.0f} samples/s ({r['status']})"
                                              for r in trainer.auto_batch["table"]) + f" -> {trainer.batch_size}")
     atomic_write_json(os.path.join(run_dir, "summary.json"), summary)

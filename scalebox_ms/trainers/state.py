@@ -88,15 +88,14 @@ def save(trainer, prefix: str) -> str:
         "inflight": c.inflight_state(),
         "space_spec": trainer.spec.__dict__,
         "param_sha256": trainer.parameters_sha256(),
-        "batch_size": trainer.batch_size,
-        "auto_batch": trainer.auto_batch,
         "world_size": trainer.dist.world_size,
+        **trainer._sidecar_extra(),
     }
     snapshot = env_state.capture(c.env) if c.obs is not None else None
     if snapshot is None and c.obs is not None:
         sidecar["env_state_note"] = (f"{type(c.env).__name__} cannot be captured faithfully: "
                                      "a resumed run starts fresh episodes")
-    return write_checkpoint(prefix, tensors, sidecar, env_obj=snapshot)
+    return write_checkpoint(prefix, tensors, sidecar, env_obj=snapshot, replay=trainer._replay_state())
 
 
 def _jsonable(obj):
@@ -137,10 +136,9 @@ def load(trainer, path: str):
     c.episode_returns = collections.deque(sc["episode_returns"], maxlen=100)
     c.episode_lengths = collections.deque(sc["episode_lengths"], maxlen=100)
     c.rng.bit_generator.state = sc["rng"]
-    runner = trainer.runner
-    if trainer.config.ppo.batch_size == "auto" and sc.get("batch_size"):
-        runner.batch_size = int(sc["batch_size"])  # resume with the size chosen before, no new probe
-        runner.auto_batch = sc.get("auto_batch") or {"chosen": runner.batch_size, "table": [], "events": []}
+    trainer._restore_extra(sc)
+    if ck.get("replay") is not None:
+        trainer._restore_replay(ck["replay"])
     if c.obs_normalizer is not None and sc.get("obs_normalizer"):
         c.obs_normalizer.load_state_dict(sc["obs_normalizer"])
     if c.reward_scaler is not None and sc.get("reward_scaler"):

@@ -1,0 +1,175 @@
+"""Networks of the off-policy algorithms and the two graph helpers they share (Adam groups, Polyak updates).
+
+Layouts are Stable-Baselines3's ``MlpPolicy`` ones, so hyper-parameters tuned for SB3 carry over:
+
+* :class:`QNetwork` (DQN): obs -> MLP(``vf_layers``) -> one Q value per action.
+* :class:`TwinCritic` (SAC, TD3): two independent MLPs (``vf_layers``) on ``concat(obs, action)`` -> Q.
+* :class:`SquashedGaussianActor` (SAC): obs -> MLP(``pi_layers``, activation after every layer) -> mean and
+  log-std heads; ``a = tanh(mean + std * eps)`` with the log-probability of the squashed sample
+  (``log N(u) - sum log(1 - tanh(u)^2 + 1e-6)``; log-std clipped to [-20, 2]).
+* :class:`DeterministicActor` (TD3): obs -> MLP(``pi_layers``) -> tanh.
+
+Actions of continuous actors live in [-1, 1]; the trainer maps them to the env's Box bounds. Weights start with
+MindSpore's ``nn.Dense`` defaults (the same uniform ranges as PyTorch's ``nn.Linear``, which SB3 uses), or
+orthogonal with ``policy.ortho_init``.
+
+:class:`AdamGroup` is one Adam optimizer over a group of Parameters with its own step counter and moment names
+(``<prefix>.m.<param>``), so several can live in one graph (two ``nn.Adam`` in one graph clash on their
+``global_step`` Parameter on MindSpore 2.10). Each group applies MindSpore's fused ``ops.Adam`` kernel (one kernel
+per Parameter; epsilon outside the bias correction, as in ``nn.Adam``; PyTorch adds it after correcting ``v``, a
+difference of eps * (1 - sqrt(1 - beta2^t)) in the denominator).
+"""
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from .actor_critic import mlp
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+SQUASH_EPS = 1e-6
+
+
+def _trunk(in_dim: int, layers, activation: str, ortho: bool) -> nn.SequentialCell:
+    """Dense + activation for every layer of ``layers`` (an MLP whose output is activated: SB3's latent_pi)."""
+    net = mlp(in_dim, list(layers[:-1]), layers[-1], activation, ortho, math.sqrt(2.0))
+    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]()
+    return nn.SequentialCell(list(net.cells()) + [act])
+
+
+def _head(in_dim: int, out_dim: int, ortho: bool, gain: float = 1.0) -> nn.Dense:
+    return mlp(in_dim, [], out_dim, "relu", ortho, gain)[0]
+
+
+class QNetwork(nn.Cell):
+    """obs (B, obs_dim) -> Q values (B, n_actions)."""
+
+    def __init__(self, obs_dim: int, n_actions: int, layers, activation: str = "relu", ortho: bool = False):
+        super().__init__()
+        self.q_net = mlp(obs_dim, list(layers), n_actions, activation, ortho, 1.0)
+
+    def construct(self, obs):
+        return self.q_net(obs)
+
+
+class TwinCritic(nn.Cell):
+    """(obs, action) -> (Q1, Q2), each (B,): two independent MLPs on concat(obs, action) (clipped double-Q)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False):
+        super().__init__()
+        self.qf0 = mlp(obs_dim + action_dim, list(layers), 1, activation, ortho, 1.0)
+        self.qf1 = mlp(obs_dim + action_dim, list(layers), 1, activation, ortho, 1.0)
+
+    def construct(self, obs, action):
+        x = ops.concat([obs, action], 1)
+        return self.qf0(x)[:, 0], self.qf1(x)[:, 0]
+
+
+class SquashedGaussianActor(nn.Cell):
+    """SAC's actor: tanh-squashed diagonal Gaussian with state-dependent log-std."""
+
+    def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False):
+        super().__init__()
+        self.latent_pi = _trunk(obs_dim, list(layers), activation, ortho)
+        self.mu = _head(layers[-1], action_dim, ortho, 0.01)
+        self.log_std = _head(layers[-1], action_dim, ortho, 0.01)
+
+    def action_log_prob(self, obs, eps):
+        """Reparameterised sample ``tanh(mean + std * eps)`` for standard-normal ``eps`` and its log-probability."""
+        h = self.latent_pi(obs)
+        mean = self.mu(h)
+        log_std = ops.clip_by_value(self.log_std(h), LOG_STD_MIN, LOG_STD_MAX)
+        u = mean + ops.exp(log_std) * eps
+        action = ops.tanh(u)
+        gaussian = (-0.5 * eps * eps - log_std - 0.5 * math.log(2.0 * math.pi)).sum(1)
+        return action, gaussian - ops.log(1.0 - action * action + SQUASH_EPS).sum(1)
+
+    def construct(self, obs):
+        """The deterministic action: tanh of the mean."""
+        return ops.tanh(self.mu(self.latent_pi(obs)))
+
+
+class DeterministicActor(nn.Cell):
+    """TD3's actor: obs -> tanh(MLP(obs))."""
+
+    def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False):
+        super().__init__()
+        self.mu = mlp(obs_dim, list(layers), action_dim, activation, ortho, 1.0)
+
+    def construct(self, obs):
+        return ops.tanh(self.mu(obs))
+
+
+def copy_network(net: nn.Cell, prefix: str) -> nn.Cell:
+    """A target network: same class and weights, Parameters renamed ``<prefix>.<name>``, no gradients."""
+    import copy
+
+    target = copy.deepcopy(net)
+    for (name, p), (_, src) in zip(target.parameters_and_names(), net.parameters_and_names()):
+        p.name = f"{prefix}.{name}"
+        p.set_data(Tensor(src.asnumpy()))
+        p.requires_grad = False
+    return target
+
+
+class AdamGroup(nn.Cell):
+    """Adam over ``params`` with its own step counter and moments (named ``<prefix>.m.<name>``/``.v.``)."""
+
+    def __init__(self, params, prefix: str, eps: float, beta1: float = 0.9, beta2: float = 0.999):
+        super().__init__(auto_prefix=False)
+        self.params = ms.ParameterTuple(params)
+        self.m = ms.ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"{prefix}.m.{p.name}",
+                                              requires_grad=False) for p in params])
+        self.v = ms.ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"{prefix}.v.{p.name}",
+                                              requires_grad=False) for p in params])
+        self.step = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.step", requires_grad=False)
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        self.adam = ops.Adam()
+
+    def apply(self, grads, lr):
+        step = self.step + 1.0
+        ops.assign(self.step, step)
+        b1p = ops.pow(Tensor(self.beta1, ms.float32), step)
+        b2p = ops.pow(Tensor(self.beta2, ms.float32), step)
+        b1 = Tensor(self.beta1, ms.float32)
+        b2 = Tensor(self.beta2, ms.float32)
+        eps = Tensor(self.eps, ms.float32)
+        done = []
+        for p, m, v, g in zip(self.params, self.m, self.v, grads):
+            done.append(self.adam(p, m, v, b1p, b2p, lr, b1, b2, eps, g)[0])
+        return done
+
+    def state(self):
+        return list(self.m) + list(self.v) + [self.step]
+
+
+def polyak(targets, sources, tau):
+    """target <- (1 - tau) * target + tau * source for every pair (graph code)."""
+    done = []
+    for t, s in zip(targets, sources):
+        done.append(ops.assign(t, t * (1.0 - tau) + s * tau))
+    return done
+
+
+def all_finite(grads, *values):
+    ok = ops.isfinite(values[0]).all() if values else Tensor(True)
+    for x in list(values[1:]) + list(grads):
+        ok = ops.logical_and(ok, ops.isfinite(x).all())
+    return ok
+
+
+class Learner(nn.Cell):
+    """Base of the algorithms' learner Cells: checkpoints and hashes see every Parameter (networks, targets,
+    optimizer state) in its stored layout (no padded layers here, so logical = stored)."""
+
+    def logical_parameters(self):
+        return [(name, p.asnumpy()) for name, p in self.parameters_and_names()]
+
+    def to_logical(self, name, array):
+        return np.asarray(array)
+
+    def to_storage(self, name, array):
+        return np.asarray(array)

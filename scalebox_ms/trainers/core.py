@@ -1,0 +1,203 @@
+"""What every trainer shares: config handling, the Sandbox, the env side, counters, predict, checkpoints.
+
+:class:`Trainer` is the one base of :class:`~.ppo.PPOTrainer` and :class:`~.offpolicy.OffPolicyTrainer` (DQN, SAC,
+TD3). It holds the parts that do not depend on the algorithm -- the config (deep-copied), the Sandbox, the
+:class:`~.collector.RolloutCollector` (env, observation normalisation, episode accounting, non-finite checks),
+the counters ``global_step``/``iteration``/``wall_time_s``, :meth:`predict`, :meth:`save`/:meth:`load`/
+:meth:`from_checkpoint` (:mod:`.state`) and :meth:`close` -- and asks the algorithm for what does: its model,
+its acting calls and its extra checkpoint state. The training loop (``learn``) is the algorithm's.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Optional, Union
+
+import numpy as np
+
+from ..config import Config
+from ..errors import ConfigError
+from ..sandbox import Sandbox
+
+
+class Callback:
+    """Hooks into ``learn``. Return False from ``on_iteration_end`` to stop training."""
+
+    def on_training_start(self, trainer) -> None:
+        pass
+
+    def on_iteration_end(self, trainer, metrics: dict) -> Optional[bool]:
+        return None
+
+    def on_training_end(self, trainer) -> None:
+        pass
+
+
+def coerce_config(config: Union[Config, dict, None], algo: str, overrides: dict) -> Config:
+    """A private Config from a Config (deep copy), a dict in the YAML layout or None (defaults for ``algo``), with
+    keyword ``overrides`` of the algorithm's section."""
+    if config is None:
+        config = Config.from_dict({"algo": algo})
+    elif isinstance(config, dict):
+        config = Config.from_dict({"algo": algo, **config})
+    elif not isinstance(config, Config):
+        raise ConfigError(f"config: expected Config, dict or None, got {type(config).__name__}")
+    else:
+        config = copy.deepcopy(config)
+    if config.algo != algo:
+        raise ConfigError(f"algo: the config trains {config.algo}, not {algo} (scalebox_ms.trainers.make_trainer "
+                          "picks the trainer by algo)")
+    if overrides:  # keyword overrides of the algorithm's section, e.g. PPOTrainer(cfg, batch_size="auto")
+        data = config.to_dict()
+        data[algo].update(overrides)
+        config = Config.from_dict(data)
+    return config
+
+
+def sandbox_for(config: Config) -> Sandbox:
+    """The Sandbox of ``config.sandbox``; inside msrun, each rank takes its share of the cores and its device."""
+    from ..parallel.context import in_msrun, local_rank, msrun_world_size
+
+    sb_cfg = config.sandbox
+    if in_msrun():
+        import os
+
+        sb_cfg = copy.copy(sb_cfg)
+        if sb_cfg.threads == 0:  # ranks share this machine's cores instead of each taking all
+            sb_cfg.threads = max(1, (os.cpu_count() or 1) // msrun_world_size())
+        # one accelerator per rank: sandbox.device_id is rank 0's device, rank r takes the r-th after it
+        # (ignored on CPU)
+        sb_cfg.device_id = sb_cfg.device_id + local_rank()
+    return Sandbox.from_config(sb_cfg, config.run.seed)
+
+
+class Trainer:
+    """The shared core. Subclasses set ``algo``, build ``self.collector`` with :meth:`_make_collector` and their
+    model, and implement ``learn``, ``_act_deterministic``, ``_act_stochastic`` and the state hooks."""
+
+    algo = ""
+
+    def __init__(self, config: Union[Config, dict, None], sandbox: Optional[Sandbox], overrides: dict):
+        self.config = coerce_config(config, self.algo, overrides)
+        self.log = logging.getLogger("scalebox_ms")
+        self.sandbox = sandbox if sandbox is not None else sandbox_for(self.config)
+        self.global_step = 0
+        self.iteration = 0
+        self.wall_time_s = 0.0  # accumulated over sessions (resume)
+        self._last_metrics: dict = {}
+        # stochastic predict(): its own stream of the run's seed (never the training stream)
+        self._predict_rng = np.random.Generator(np.random.PCG64([self.config.run.seed, 1]))
+
+    def _make_collector(self, num_envs: int, rank: int = 0, reducer=None):
+        from .collector import RolloutCollector
+
+        # rank r draws from stream r of the seed (rank 0 = the single-process stream)
+        rng = np.random.Generator(np.random.PCG64(self.config.run.seed).jumped(rank))
+        self.collector = RolloutCollector(self.config, self.sandbox, rng, num_envs, rank=rank, reducer=reducer)
+        self.spec = self.collector.spec
+        return self.collector
+
+    # ------------------------------------------------------------------ the parts, as attributes users know
+    env = property(lambda self: self.collector.env)
+    obs_normalizer = property(lambda self: self.collector.obs_normalizer)
+    reward_scaler = property(lambda self: self.collector.reward_scaler)
+    episodes = property(lambda self: self.collector.episodes)
+    episode_returns = property(lambda self: self.collector.episode_returns)
+    episode_lengths = property(lambda self: self.collector.episode_lengths)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The training Generator (sampling noise, minibatch permutations, replay sampling)."""
+        return self.collector.rng
+
+    @property
+    def num_envs(self) -> int:
+        """Envs this process steps (``env.num_envs`` / world size under data parallelism)."""
+        return self.collector.num_envs
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    def _env_seed(self, seed: int) -> int:
+        """Rank r's vector env gets seeds seed + r * n_local + i: the union over ranks is the single-process set."""
+        return seed + self.dist.rank * self.num_envs
+
+    def normalize_obs(self, obs: np.ndarray, update: bool = False) -> np.ndarray:
+        return self.collector.normalize_obs(obs, update=update)
+
+    def _check_horizon(self, total_steps: Optional[int], until: Optional[int]) -> int:
+        """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at."""
+        if total_steps is not None:
+            if int(total_steps) < 1:
+                raise ConfigError(f"total_steps: must be >= 1, got {total_steps}")
+            self.config.run.total_steps = int(total_steps)
+        horizon = self.config.run.total_steps
+        return horizon if until is None else min(int(until), horizon)
+
+    # ------------------------------------------------------------------ inference
+    def predict(self, obs, deterministic: bool = True, rng: Optional[np.random.Generator] = None) -> np.ndarray:
+        """Actions for one observation (obs_dim,) or a batch (B, obs_dim), normalised with the run's statistics.
+
+        Stochastic actions draw their noise from ``rng``, or from the trainer's own predict stream (seeded from
+        ``run.seed``, separate from the training stream)."""
+        obs = np.asarray(obs, np.float32)
+        single = obs.ndim == len(self.env.single_observation_space.shape)
+        batch = self.normalize_obs(obs[None] if single else obs, update=False)
+        if deterministic:
+            actions = self._act_deterministic(batch)
+        else:
+            actions = self._act_stochastic(batch, self._predict_rng if rng is None else rng)
+        return actions[0] if single else actions
+
+    # ------------------------------------------------------------------ state
+    def parameters_sha256(self) -> str:
+        """SHA-256 of the model's parameters in the logical layout (see :func:`.state.parameters_sha256`)."""
+        from .state import parameters_sha256
+
+        return parameters_sha256(self.model)
+
+    def _named_state(self):
+        return self._values.named
+
+    def _sidecar_extra(self) -> dict:
+        """Algorithm-specific sidecar entries."""
+        return {}
+
+    def _restore_extra(self, sidecar: dict) -> None:
+        pass
+
+    def _replay_state(self):
+        """Arrays of the replay buffer to checkpoint (None: no replay buffer, or not saved)."""
+        return None
+
+    def _restore_replay(self, arrays) -> None:
+        pass
+
+    def save(self, prefix: str) -> str:
+        """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path."""
+        from .state import save
+
+        return save(self, prefix)
+
+    def load(self, path: str):
+        """Restore parameters, optimizer, statistics, counters, RNG and env state from a checkpoint."""
+        from .state import load
+
+        return load(self, path)
+
+    @classmethod
+    def from_checkpoint(cls, path: str, sandbox: Optional[Sandbox] = None):
+        """Build a trainer with the checkpoint's own config and restore its state."""
+        from ..errors import CheckpointError
+        from .checkpoint import read_checkpoint
+
+        sc = read_checkpoint(path)["sidecar"]
+        try:
+            cfg = Config.from_dict(sc["config"])
+        except (ConfigError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {path}: its config is invalid ({exc})") from None
+        return cls(cfg, sandbox=sandbox).load(path)
+
+    def close(self) -> None:
+        self.collector.close()

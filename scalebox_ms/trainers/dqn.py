@@ -1,0 +1,127 @@
+"""DQN (Mnih et al. 2015) as SB3 runs it: Huber TD loss against a target network, epsilon-greedy acting.
+
+All of DQN's maths is here: :class:`DQNLearner` is graph code (the loss, one gradient step, the target update,
+the greedy action), run inside the off-policy core's compiled training phase (:mod:`.offpolicy`); the host side
+(:class:`DQNTrainer`'s exploration) decides per env between a uniformly random and the greedy action with
+probability ``epsilon``, annealed linearly from ``exploration_initial_eps`` to ``exploration_final_eps`` over the
+first ``exploration_fraction`` of ``run.total_steps``.
+
+For a sampled batch (s, a, r, s', d) -- d is *terminated* only: a truncated episode bootstraps from the true next
+observation --::
+
+    y    = r + gamma * (1 - d) * max_a' Q_target(s', a')
+    loss = Huber(Q(s, a) - y)                  (smooth L1, beta 1, mean over the batch)
+
+Gradients are clipped to ``max_grad_norm`` (global norm), then Adam. The target network follows
+``Q_target <- (1 - tau) Q_target + tau Q`` every ``target_update_interval`` env steps (``tau = 1``: a copy).
+Differences from SB3: epsilon is drawn per env (SB3 draws one number for the whole vector env).
+"""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from ..models.offpolicy import AdamGroup, Learner, QNetwork, all_finite, polyak
+from ..ops.clip import clip_grad_norm
+from .offpolicy import OffPolicyTrainer
+
+
+class _TDLoss(nn.Cell):
+    def __init__(self, q, q_target, gamma: float):
+        super().__init__(auto_prefix=False)
+        self.q, self.q_target, self.gamma = q, q_target, gamma
+
+    def construct(self, obs, action, reward, next_obs, terminated):
+        next_q = ops.stop_gradient(ops.amax(self.q_target(next_obs), 1))
+        y = reward + self.gamma * (1.0 - terminated) * next_q
+        q = ops.gather_elements(self.q(obs), 1, action.reshape((-1, 1)))[:, 0]
+        err = ops.abs(q - y)
+        loss = ops.select(err < 1.0, 0.5 * err * err, err - 0.5).mean()
+        return loss, q.mean()
+
+
+class DQNLearner(Learner):
+    """The Q-network, its target and Adam; graph methods called by the core's compiled phase."""
+
+    STATS = ("loss", "q_values", "nonfinite")
+
+    def __init__(self, spec, policy_cfg, cfg):
+        super().__init__()
+        args = (spec.obs_dim, spec.action_dim, policy_cfg.vf_layers, policy_cfg.activation, policy_cfg.ortho_init)
+        self.q = QNetwork(*args)
+        self.q_target = QNetwork(*args)
+        for t, s in zip(self.q_target.get_parameters(), self.q.get_parameters()):
+            t.set_data(s.data.copy())
+            t.requires_grad = False
+        self.target_params = ms.ParameterTuple(list(self.q_target.get_parameters()))
+        self.online_params = ms.ParameterTuple(list(self.q.get_parameters()))
+        self.optimizer = AdamGroup(self.q.trainable_params(), "q_optimizer", cfg.adam_eps)
+        self.tau = float(cfg.tau)
+        self.max_grad_norm = float(cfg.max_grad_norm)
+        self.grad_fn = ms.value_and_grad(_TDLoss(self.q, self.q_target, float(cfg.gamma)), None,
+                                         self.optimizer.params, has_aux=True)
+
+    def before_phase(self, n_target):
+        """The target updates of the env steps collected since the last phase (SB3 does them while collecting)."""
+        k = ops.zeros((), ms.int32)
+        while k < n_target:
+            polyak(self.target_params, self.online_params, self.tau)
+            k = k + 1
+        return k
+
+    def train_step(self, obs, action, reward, next_obs, terminated, noise, i, lr):
+        (loss, q_mean), grads = self.grad_fn(obs, action, reward, next_obs, terminated)
+        finite = all_finite(grads, loss)
+        if finite:  # a non-finite loss or gradient skips the step (weights and Adam untouched)
+            grads, _ = clip_grad_norm(grads, self.max_grad_norm)
+            self.optimizer.apply(grads, lr)
+        return ops.stack([loss, q_mean, 1.0 - finite.astype(ms.float32)])
+
+    def policy(self, obs, noise):
+        """The greedy action (B,) int32 (``noise`` unused)."""
+        return ops.argmax(self.q(obs), 1).astype(ms.int32)
+
+    def deterministic(self, obs):
+        return ops.argmax(self.q(obs), 1).astype(ms.int32)
+
+
+class DQNTrainer(OffPolicyTrainer):
+    """DQN on a Discrete action space. See :class:`~.offpolicy.OffPolicyTrainer` for the API."""
+
+    algo = "dqn"
+    learner_class = DQNLearner
+
+    def _exploration_rate(self) -> float:
+        o = self.config.dqn
+        progress = self.global_step / self.config.run.total_steps
+        if o.exploration_fraction == 0 or progress >= o.exploration_fraction:
+            return o.exploration_final_eps
+        return o.exploration_initial_eps + progress * (o.exploration_final_eps - o.exploration_initial_eps) \
+            / o.exploration_fraction
+
+    def _replay_action_spec(self):
+        return (), np.int32
+
+    def _random_actions(self, rng, n):
+        a = rng.integers(0, self.spec.action_dim, size=n).astype(np.int32)
+        return a, a.astype(np.int64)
+
+    def _explore(self, policy, rng, n):
+        eps = self._exploration_rate()
+        explore = rng.random(n) < eps
+        random = rng.integers(0, self.spec.action_dim, size=n).astype(np.int32)
+        a = random if explore.all() else np.where(explore, random, policy())
+        return a.astype(np.int32), a.astype(np.int64)
+
+    def _phase_metrics(self) -> dict:
+        return {"exploration_rate": self._exploration_rate()}
+
+    def _target_updates(self, steps_before: int, steps_after: int) -> int:
+        """SB3 updates the target when its per-env step counter is a multiple of target_update_interval // n_envs."""
+        every = max(self.config.dqn.target_update_interval // self.num_envs, 1)
+        n = self.num_envs
+        return steps_after // n // every - steps_before // n // every
+
+    def _to_env(self, actions):
+        return actions.astype(np.int64)

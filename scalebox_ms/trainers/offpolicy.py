@@ -1,0 +1,406 @@
+"""The off-policy core shared by DQN, SAC and TD3: act -> env step -> replay -> training phase.
+
+:class:`OffPolicyTrainer` owns what the three algorithms share -- the env side (the :class:`~.collector.
+RolloutCollector`: env, observation normalisation, episode accounting, non-finite checks), the device-resident
+:class:`~scalebox_ms.buffers.ReplayBuffer`, the run loop with callbacks and metrics, checkpoints (the replay
+buffer in its own file) -- and takes the maths from an algorithm module (:mod:`.dqn`, :mod:`.sac`, :mod:`.td3`):
+its *learner* Cell (networks, targets, optimizers; ``train_step``, ``policy``, ``deterministic``) and its host-side
+exploration.
+
+One training phase is ONE compiled graph call (:class:`TrainingPhase`): it appends the ``train_freq x num_envs``
+transitions collected since the last phase to the replay buffer, runs ``gradient_steps`` updates in a graph
+``while`` loop -- each samples its batch inside the graph (uniform noise drawn by the trainer's Generator) --,
+and computes the policy's output for the next observation, so the step after a phase needs no acting call.
+Between phases, acting is one compiled call per vector step (skipped while actions are random). With SAC/TD3's
+``train_freq: 1`` that is one graph call per env step in all.
+
+Transitions are stored as (obs, action, reward, next_obs, terminated) with the raw observations (normalised inside
+the graph with the running statistics at sampling time, as SB3's VecNormalize does) and actions in the
+algorithm's space (DQN: the index; SAC/TD3: scaled to [-1, 1]). ``next_obs`` is the observation the env returned
+for the step -- the true final observation when an episode is truncated (gymnasium's next-step autoreset), so
+truncation bootstraps and termination does not; the autoreset steps themselves are not stored.
+
+An *iteration* (a metrics row, and where checkpoints and ``--until`` stop) is a whole number of phases adding up
+to at least 1,000 env steps (:func:`.checkpoint.steps_per_iteration`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence, Union
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from ..config import Config
+from ..errors import ConfigError
+from ..sandbox import Sandbox
+from .core import Callback, Trainer
+
+
+class TrainingPhase(nn.Cell):
+    """``(items, valid, n_grad, n_target, u, noise, lr, obs_mean, obs_inv_std, obs_clip, act_obs, act_noise)`` ->
+    ``(policy output for act_obs, summed statistics of the gradient steps)``, one compiled call."""
+
+    def __init__(self, learner, replay, normalize: bool):
+        super().__init__(auto_prefix=False)
+        self.learner, self.replay, self.normalize = learner, replay, normalize
+        self.n_stats = len(learner.STATS)
+
+    def _norm(self, obs, mean, inv_std, clip):
+        if self.normalize:
+            return ops.clip_by_value((obs - mean) * inv_std, -clip, clip)
+        return obs
+
+    @ms.jit
+    def construct(self, items, valid, n_grad, n_target, u, noise, lr, obs_mean, obs_inv_std, obs_clip, act_obs,
+                  act_noise):
+        self.replay.add_masked(items, valid)
+        self.learner.before_phase(n_target)
+        acc = ops.zeros((self.n_stats,), ms.float32)
+        i = ops.zeros((), ms.int32)
+        while i < n_grad:
+            obs, action, reward, next_obs, terminated = self.replay.gather(u[i])
+            obs = self._norm(obs, obs_mean, obs_inv_std, obs_clip)
+            next_obs = self._norm(next_obs, obs_mean, obs_inv_std, obs_clip)
+            acc = acc + self.learner.train_step(obs, action, reward, next_obs, terminated, noise[i], i, lr)
+            i = i + 1
+        return self.learner.policy(act_obs, act_noise), acc
+
+
+class PolicyCall(nn.Cell):
+    """``(obs, noise) -> policy output`` (the acting call between phases), or the deterministic action."""
+
+    def __init__(self, learner, deterministic: bool):
+        super().__init__(auto_prefix=False)
+        self.learner, self.is_deterministic = learner, deterministic
+
+    @ms.jit
+    def construct(self, obs, noise):
+        if self.is_deterministic:
+            return self.learner.deterministic(obs)
+        return self.learner.policy(obs, noise)
+
+
+class DeployActor(nn.Cell):
+    """obs -> the env action of the deterministic policy: argmax Q (DQN), or the actor's tanh action mapped to the
+    Box bounds (SAC: tanh of the mean; TD3: the actor). What ``export`` writes to MindIR."""
+
+    def __init__(self, learner, spec):
+        super().__init__(auto_prefix=False)
+        self.learner = learner
+        self.discrete = spec.discrete
+        if not spec.discrete:
+            self.low = Tensor(np.asarray(spec.low, np.float32))
+            self.scale = Tensor(0.5 * (np.asarray(spec.high, np.float32) - np.asarray(spec.low, np.float32)))
+
+    def construct(self, obs):
+        a = self.learner.deterministic(obs)
+        if self.discrete:
+            return a
+        return self.low + (a + 1.0) * self.scale
+
+
+class OffPolicyTrainer(Trainer):
+    """The shared off-policy trainer; use :class:`~.dqn.DQNTrainer`, :class:`~.sac.SACTrainer` or
+    :class:`~.td3.TD3Trainer` (or :func:`scalebox_ms.trainers.make_trainer`).
+
+    Args:
+        config: a :class:`~scalebox_ms.config.Config` (copied), a dict in the YAML layout, or None for defaults.
+        sandbox: an existing :class:`~scalebox_ms.Sandbox`; built from ``config.sandbox`` when omitted.
+        **overrides: keys of the algorithm's section, e.g. ``SACTrainer(cfg, learning_starts=1000)``.
+
+    Attributes users embed: ``learner`` (the ``nn.Cell`` with the networks, targets and optimizers; also
+    ``model``), ``replay`` (the :class:`~scalebox_ms.buffers.ReplayBuffer`), ``phase`` (the compiled training
+    phase), ``policy_call``/``deterministic_call`` (compiled acting entry points).
+    """
+
+    learner_class = None
+
+    def __init__(self, config: Union[Config, dict, None] = None, sandbox: Optional[Sandbox] = None, **overrides):
+        super().__init__(config, sandbox, overrides)
+        from ..buffers import ReplayBuffer
+        from ..parallel import init_distributed
+        from .memory import check_fits
+        from .state import ParameterValues
+
+        cfg, algo = self.config, self.algo
+        o = cfg.algo_config
+        self.dist = init_distributed(getattr(self.sandbox, "device", "CPU"))
+        if self.dist.world_size > 1:
+            raise ConfigError(f"parallel.workers: data parallelism is not supported with algo {algo} yet "
+                              f"(started under msrun with {self.dist.world_size} ranks)")
+        self.amp = None
+        c = self._make_collector(cfg.env.num_envs)
+        spec = self.spec
+        if algo == "dqn" and not spec.discrete:
+            raise ConfigError(f"algo: dqn needs a Discrete action space; {cfg.env.id} has Box actions (use sac or td3)")
+        if algo != "dqn" and spec.discrete:
+            raise ConfigError(f"algo: {algo} needs a Box action space; {cfg.env.id} has Discrete actions (use dqn or "
+                              "ppo)")
+        N = c.num_envs
+        self.phase_rows = o.train_freq * N
+        if self.phase_rows > o.buffer_size:
+            raise ConfigError(f"{algo}.buffer_size: ({o.buffer_size}) must hold one training phase of "
+                              f"{algo}.train_freq x env.num_envs = {self.phase_rows} transitions")
+        self.gradient_steps = o.gradient_steps if o.gradient_steps > 0 else self.phase_rows
+        act_shape, act_dtype = self._replay_action_spec()
+        obs_shape = (spec.obs_dim,)
+        fields = {"obs": (obs_shape, np.float32), "action": (act_shape, act_dtype), "reward": ((), np.float32),
+                  "next_obs": (obs_shape, np.float32), "terminated": ((), np.float32)}
+        row = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for s, d in fields.values())
+        check_fits(f"{algo}.buffer_size", f"a replay buffer of {algo}.buffer_size = {o.buffer_size} transitions",
+                   (o.buffer_size + 1) * row, getattr(self.sandbox, "memory_limit_bytes", None))
+        self.replay_row_bytes = row
+        self.learner = self.learner_class(spec, cfg.policy, o)
+        self.model = self.learner
+        self.replay = ReplayBuffer(o.buffer_size, fields, spare_row=True)
+        normalize = c.obs_normalizer is not None
+        self.phase = TrainingPhase(self.learner, self.replay, normalize)
+        self.policy_call = PolicyCall(self.learner, deterministic=False)
+        self.deterministic_call = PolicyCall(self.learner, deterministic=True)
+        self._values = ParameterValues([("model." + n, p) for n, p in self.learner.parameters_and_names()])
+        phase_steps = o.train_freq
+        self.phases_per_iteration = max(1, -(-1000 // self.phase_rows))
+        self.steps_per_iteration = self.phases_per_iteration * self.phase_rows
+        self._phase_steps = phase_steps
+        self._pending: Optional[np.ndarray] = None  # the policy output for the observation _pending_obs
+        self._pending_obs: Optional[np.ndarray] = None
+        # zeros in the shapes of the noise inputs, for phases without gradient steps or policy output
+        self._no_train_noise = np.zeros_like(self._train_noise(np.random.default_rng(0), self.gradient_steps,
+                                                               o.batch_size))
+        self._no_act_noise = np.zeros_like(self._act_noise_or_zeros(np.random.default_rng(0), N))
+        self.n_updates = 0
+        if not spec.discrete:
+            self._low = np.asarray(spec.low, np.float64)
+            self._high = np.asarray(spec.high, np.float64)
+
+    # ------------------------------------------------------------------ algorithm hooks (Box defaults)
+    def _replay_action_spec(self):
+        return (self.spec.action_dim,), np.float32
+
+    def _to_env(self, scaled: np.ndarray) -> np.ndarray:
+        """[-1, 1] -> the Box bounds (SB3's unscale_action)."""
+        return (self._low + 0.5 * (scaled.astype(np.float64) + 1.0) * (self._high - self._low)).astype(np.float32)
+
+    def _noisy(self, scaled: np.ndarray, rng) -> np.ndarray:
+        sigma = self.config.algo_config.action_noise
+        if sigma:
+            scaled = np.clip(scaled + rng.normal(0.0, sigma, scaled.shape), -1.0, 1.0)
+        return scaled.astype(np.float32)
+
+    def _random_actions(self, rng, n):
+        a = self._noisy(rng.uniform(-1.0, 1.0, (n, self.spec.action_dim)), rng)
+        return a, self._to_env(a)
+
+    def _explore(self, policy, rng, n):
+        a = self._noisy(policy(), rng)
+        return a, self._to_env(a)
+
+    def _train_noise(self, rng, steps, batch):
+        return np.zeros((steps, 1), np.float32)
+
+    def _act_noise(self, rng, n):
+        return None
+
+    def _target_updates(self, steps_before: int, steps_after: int) -> int:
+        return 0
+
+    def _phase_metrics(self) -> dict:
+        return {}
+
+    # ------------------------------------------------------------------ acting
+    def _act_noise_or_zeros(self, rng, n):
+        noise = self._act_noise(rng, n)
+        return np.zeros((n, 1), np.float32) if noise is None else noise
+
+    def _policy(self):
+        """The policy output for the current observation: from the last phase call, or one acting call."""
+        obs = self.collector.obs
+        out, self._pending = self._pending, None
+        if out is None or not np.array_equal(self._pending_obs, obs):  # (new episodes since: recompute)
+            noise = self._act_noise_or_zeros(self.rng, self.num_envs)
+            out = self.policy_call(Tensor(obs), Tensor(noise)).asnumpy()
+        return out
+
+    def deploy_policy(self) -> nn.Cell:
+        """The Cell :func:`scalebox_ms.export.export_mindir` exports (see :class:`DeployActor`)."""
+        return DeployActor(self.learner, self.spec)
+
+    def _act_deterministic(self, batch: np.ndarray) -> np.ndarray:
+        out = self.deterministic_call(Tensor(batch), Tensor(np.zeros((len(batch), 1), np.float32))).asnumpy()
+        return self._to_env(out)
+
+    def _act_stochastic(self, batch: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        def policy():
+            noise = self._act_noise_or_zeros(rng, len(batch))
+            return self.policy_call(Tensor(batch), Tensor(noise)).asnumpy()
+
+        learning_starts, self.config.algo_config.learning_starts = self.config.algo_config.learning_starts, 0
+        try:
+            return self._explore(policy, rng, len(batch))[1]
+        finally:
+            self.config.algo_config.learning_starts = learning_starts
+
+    # ------------------------------------------------------------------ the loop
+    def learn(self, total_steps: Optional[int] = None, callbacks: Sequence[Callback] = (),
+              until: Optional[int] = None) -> "OffPolicyTrainer":
+        """Train until ``global_step`` reaches ``total_steps`` (default ``run.total_steps``); ``until`` pauses
+        earlier (at the first iteration boundary at or past it) without changing the schedules."""
+        stop_at = self._check_horizon(total_steps, until)
+        if self.collector.obs is None:
+            self.collector.reset(seed=self._env_seed(self.config.run.seed), step=self.global_step)
+        for cb in callbacks:
+            cb.on_training_start(self)
+        while self.global_step < stop_at:
+            metrics = self._iteration()
+            stop = False
+            for cb in callbacks:
+                if cb.on_iteration_end(self, metrics) is False:
+                    stop = True
+            if stop:
+                break
+        for cb in callbacks:
+            cb.on_training_end(self)
+        return self
+
+    def _iteration(self) -> dict:
+        o, c, rng, N = self.config.algo_config, self.collector, self.rng, self.num_envs
+        T, D = self._phase_steps, self.spec.obs_dim
+        act_shape, act_dtype = self._replay_action_spec()
+        clock = time.perf_counter
+        t_iter = clock()
+        t_env = t_act = t_update = 0.0
+        stats = np.zeros(len(self.learner.STATS))
+        grad_steps = 0
+        for _ in range(self.phases_per_iteration):
+            obs_b = np.zeros((T, N, D), np.float32)
+            next_b = np.zeros((T, N, D), np.float32)
+            act_b = np.zeros((T, N) + act_shape, act_dtype)
+            rew_b = np.zeros((T, N), np.float32)
+            term_b = np.zeros((T, N), np.float32)
+            valid_b = np.zeros((T, N), np.int32)
+            steps_before = self.global_step
+            for t in range(T):
+                t0 = clock()
+                if self.global_step < o.learning_starts:
+                    self._pending = None
+                    buf_a, env_a = self._random_actions(rng, N)
+                else:
+                    buf_a, env_a = self._explore(self._policy, rng, N)
+                t1 = clock()
+                raw, reward, terminated, truncated, _ = c.env.step(env_a)
+                t_env += clock() - t1
+                t_act += t1 - t0
+                c._check_finite(raw, reward, self.global_step)
+                raw = np.asarray(raw, np.float32).reshape(N, -1)
+                valid = c.valid
+                reward = np.asarray(reward, np.float64)
+                terminated = np.asarray(terminated, bool) & valid
+                done = terminated | (np.asarray(truncated, bool) & valid)
+                c._account_step(reward, done, valid)
+                obs_b[t], next_b[t], act_b[t] = c.raw_obs, raw, buf_a
+                rew_b[t], term_b[t], valid_b[t] = reward, terminated, valid
+                c.raw_obs = raw
+                c.obs = c.normalize_obs(raw, update=True)
+                c.valid = ~done
+                self.global_step += N
+            # the training phase: replay add + gradient steps + the policy output for the next observation
+            t0 = clock()
+            train = self.global_step > o.learning_starts
+            G, b = self.gradient_steps, o.batch_size
+            n_grad = G if train else 0
+            u = rng.random((G, b), dtype=np.float32) if train else np.zeros((G, b), np.float32)
+            noise = self._train_noise(rng, G, b) if train else self._no_train_noise
+            needs_policy = self.global_step >= o.learning_starts
+            act_noise = self._act_noise_or_zeros(rng, N) if needs_policy else self._no_act_noise
+            mean, inv_std, clip = self._obs_stats()
+            n_target = self._target_updates(steps_before, self.global_step)
+            items = ms.mutable((Tensor(obs_b.reshape(T * N, D)), Tensor(act_b.reshape((T * N,) + act_shape)),
+                     Tensor(rew_b.reshape(-1)), Tensor(next_b.reshape(T * N, D)), Tensor(term_b.reshape(-1))))
+            # (items is mutable: a plain tuple argument is a compile-time constant, recompiled every call)
+            out, acc = self.phase(items, Tensor(valid_b.reshape(-1)), Tensor(np.int32(n_grad)),
+                                  Tensor(np.int32(n_target)), Tensor(u), Tensor(noise),
+                                  Tensor(np.float32(o.learning_rate)), Tensor(mean), Tensor(inv_std), Tensor(clip),
+                                  Tensor(c.obs), Tensor(act_noise))
+            self._pending = out.asnumpy() if needs_policy else None
+            self._pending_obs = c.obs
+            acc = acc.asnumpy()
+            t_update += clock() - t0
+            stats += acc
+            grad_steps += n_grad
+        self.n_updates += grad_steps
+        self.iteration += 1
+        dt = clock() - t_iter
+        self.wall_time_s += dt
+        steps = self.steps_per_iteration
+        per_step = stats / max(grad_steps, 1)
+        metrics = {
+            "iteration": self.iteration,
+            "global_step": self.global_step,
+            "wall_time_s": self.wall_time_s,
+            "steps_per_second": steps / dt,
+            "episode_return_mean": float(np.mean(c.episode_returns)) if c.episode_returns else float("nan"),
+            "episode_length_mean": float(np.mean(c.episode_lengths)) if c.episode_lengths else float("nan"),
+            "episodes": c.episodes,
+            "learning_rate": o.learning_rate,
+            **{k: float(v) for k, v in zip(self.learner.STATS, per_step) if k != "nonfinite"},
+            "nonfinite_updates": int(round(stats[self.learner.STATS.index("nonfinite")])),
+            "n_updates": grad_steps,
+            "replay_size": len(self.replay),
+            "update_time_s": t_update,
+            "share_env": t_env / dt,
+            "share_act": t_act / dt,
+            "share_update": t_update / dt,
+            "share_other": max(0.0, 1.0 - (t_env + t_act + t_update) / dt),
+            "update_samples_per_s": grad_steps * o.batch_size / t_update if t_update > 0 and grad_steps else 0.0,
+            "batch_size": o.batch_size,
+            "world_size": 1,
+            **self._phase_metrics(),
+        }
+        if getattr(c.env, "events", None) is not None:
+            metrics["env_restarts"] = len(c.env.events)
+        self._last_metrics = metrics
+        if hasattr(self.sandbox, "check_memory"):
+            self.sandbox.check_memory()
+        return metrics
+
+    def _obs_stats(self):
+        norm = self.collector.obs_normalizer
+        D = self.spec.obs_dim
+        if norm is None:
+            return np.zeros(D, np.float32), np.ones(D, np.float32), np.float32(np.inf)
+        rms = norm.rms
+        return (rms.mean.astype(np.float32), (1.0 / np.sqrt(rms.var + norm.epsilon)).astype(np.float32),
+                np.float32(norm.clip))
+
+    def _summary_extra(self) -> dict:
+        return {"batch_size": self.config.algo_config.batch_size, "n_updates": self.n_updates,
+                "replay_size": len(self.replay), "replay_row_bytes": self.replay_row_bytes,
+                "graph_calls_per_iteration": None}
+
+    # ------------------------------------------------------------------ state
+    def _sidecar_extra(self) -> dict:
+        c = self.collector
+        return {"raw_obs": None if c.raw_obs is None else c.raw_obs.tolist(),
+                "pending": None if self._pending is None else self._pending.tolist(),
+                "n_updates": self.n_updates, "replay_size": len(self.replay),
+                "replay_saved": bool(self.config.run.save_replay)}
+
+    def _restore_extra(self, sc: dict) -> None:
+        self.n_updates = int(sc.get("n_updates", 0))
+        if sc.get("raw_obs") is not None:
+            self.collector.raw_obs = np.asarray(sc["raw_obs"], np.float32)
+        act_shape, act_dtype = self._replay_action_spec()
+        self._pending = None if sc.get("pending") is None else np.asarray(sc["pending"], act_dtype)
+        inflight = sc.get("inflight") or {}
+        self._pending_obs = None if inflight.get("obs") is None else np.asarray(inflight["obs"], np.float32)
+        if not sc.get("replay_saved", True) and sc.get("replay_size"):
+            self.log.warning("checkpoint was saved without its replay buffer (run.save_replay: false): training "
+                             "continues with an empty buffer that refills")
+
+    def _replay_state(self):
+        return self.replay.state_dict() if self.config.run.save_replay else None
+
+    def _restore_replay(self, arrays) -> None:
+        self.replay.load_state_dict(arrays)

@@ -1,0 +1,139 @@
+"""SAC (Haarnoja et al. 2018, with the learned temperature of the 2019 version) as SB3 runs it.
+
+All of SAC's maths is here, as graph code run inside the off-policy core's compiled training phase
+(:mod:`.offpolicy`). One gradient step on a batch (s, a, r, s', d) -- d is *terminated* only --, in SB3's order,
+with a~ ~ pi(.|s) and a' ~ pi(.|s') reparameterised samples of the tanh-squashed Gaussian actor::
+
+    alpha      = exp(log_alpha)                                   (before its own update)
+    J(alpha)   = -mean(log_alpha * (log pi(a~|s) + H_target))      temperature step (ent_coef 'auto')
+    y          = r + gamma * (1 - d) * (min_k Q_target_k(s', a') - alpha * log pi(a'|s'))
+    J(Q)       = 0.5 * sum_k mean((Q_k(s, a) - y)^2)               critic step
+    J(pi)      = mean(alpha * log pi(a~|s) - min_k Q_k(s, a~))      actor step (with the updated critics)
+    Q_target  <- (1 - tau) Q_target + tau Q                         every target_update_interval steps
+
+Each of the three has its own Adam (same learning rate). The standard-normal noise of both samples is drawn by
+the trainer's seeded Generator and passed in, so runs are reproducible and resumable bit for bit. A step whose
+losses or gradients are not finite is skipped whole. Actions are in [-1, 1]; the trainer maps them to the Box.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from ..config_offpolicy import entropy_coefficient
+from ..models.offpolicy import AdamGroup, Learner, SquashedGaussianActor, TwinCritic, all_finite, polyak
+from .offpolicy import OffPolicyTrainer
+
+
+class _TemperatureLoss(nn.Cell):
+    def __init__(self, log_alpha):
+        super().__init__(auto_prefix=False)
+        self.log_alpha = log_alpha
+
+    def construct(self, log_prob_plus_target):
+        return -(self.log_alpha * log_prob_plus_target).mean()
+
+
+class _CriticLoss(nn.Cell):
+    def __init__(self, critic):
+        super().__init__(auto_prefix=False)
+        self.critic = critic
+
+    def construct(self, obs, action, y):
+        q0, q1 = self.critic(obs, action)
+        loss = 0.5 * (((q0 - y) ** 2).mean() + ((q1 - y) ** 2).mean())
+        return loss, q0.mean()
+
+
+class _ActorLoss(nn.Cell):
+    def __init__(self, actor, critic):
+        super().__init__(auto_prefix=False)
+        self.actor, self.critic = actor, critic
+
+    def construct(self, obs, eps, alpha):
+        action, log_prob = self.actor.action_log_prob(obs, eps)
+        q0, q1 = self.critic(obs, action)
+        return (alpha * log_prob - ops.minimum(q0, q1)).mean(), log_prob.mean()
+
+
+class SACLearner(Learner):
+    STATS = ("critic_loss", "actor_loss", "ent_coef", "ent_coef_loss", "q_values", "entropy", "nonfinite")
+
+    def __init__(self, spec, policy_cfg, cfg):
+        super().__init__()
+        A = spec.action_dim
+        common = (policy_cfg.activation, policy_cfg.ortho_init)
+        self.actor = SquashedGaussianActor(spec.obs_dim, A, policy_cfg.pi_layers, *common)
+        self.critic = TwinCritic(spec.obs_dim, A, policy_cfg.vf_layers, *common)
+        self.critic_target = TwinCritic(spec.obs_dim, A, policy_cfg.vf_layers, *common)
+        for t, s in zip(self.critic_target.get_parameters(), self.critic.get_parameters()):
+            t.set_data(s.data.copy())
+            t.requires_grad = False
+        self.target_params = ms.ParameterTuple(list(self.critic_target.get_parameters()))
+        self.online_params = ms.ParameterTuple(list(self.critic.get_parameters()))
+        self.learn_alpha, init = entropy_coefficient(cfg.ent_coef)
+        self.log_alpha = Parameter(Tensor(np.log(np.float32(init)).reshape(1)), name="log_ent_coef",
+                                   requires_grad=self.learn_alpha)
+        self.target_entropy = float(-A if cfg.target_entropy == "auto" else cfg.target_entropy)
+        self.gamma, self.tau = float(cfg.gamma), float(cfg.tau)
+        self.target_every = int(cfg.target_update_interval)
+        self.actor_optimizer = AdamGroup(self.actor.trainable_params(), "actor_optimizer", cfg.adam_eps)
+        self.critic_optimizer = AdamGroup(self.critic.trainable_params(), "critic_optimizer", cfg.adam_eps)
+        self.critic_grad = ms.value_and_grad(_CriticLoss(self.critic), None, self.critic_optimizer.params,
+                                             has_aux=True)
+        self.actor_grad = ms.value_and_grad(_ActorLoss(self.actor, self.critic), None, self.actor_optimizer.params,
+                                            has_aux=True)
+        if self.learn_alpha:
+            self.alpha_optimizer = AdamGroup([self.log_alpha], "ent_coef_optimizer", cfg.adam_eps)
+            self.alpha_grad = ms.value_and_grad(_TemperatureLoss(self.log_alpha), None,
+                                                self.alpha_optimizer.params)
+
+    def before_phase(self, n_target):
+        return n_target
+
+    def train_step(self, obs, action, reward, next_obs, terminated, noise, i, lr):
+        eps_pi, eps_next = noise[0], noise[1]
+        _, log_prob = self.actor.action_log_prob(obs, eps_pi)
+        log_prob = ops.stop_gradient(log_prob)
+        alpha = ops.exp(self.log_alpha)[0]
+        alpha_loss = ops.zeros((), ms.float32)
+        if self.learn_alpha:
+            alpha_loss, alpha_grads = self.alpha_grad(log_prob + self.target_entropy)
+            if all_finite(alpha_grads, alpha_loss):
+                self.alpha_optimizer.apply(alpha_grads, lr)
+        next_action, next_log_prob = self.actor.action_log_prob(next_obs, eps_next)
+        nq0, nq1 = self.critic_target(next_obs, next_action)
+        y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * (ops.minimum(nq0, nq1) - alpha * next_log_prob))
+        (critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y)
+        critic_ok = all_finite(critic_grads, critic_loss)
+        if critic_ok:
+            self.critic_optimizer.apply(critic_grads, lr)
+        (actor_loss, mean_log_prob), actor_grads = self.actor_grad(obs, eps_pi, alpha)
+        actor_ok = all_finite(actor_grads, actor_loss)
+        if actor_ok:
+            self.actor_optimizer.apply(actor_grads, lr)
+        if i % self.target_every == 0:
+            polyak(self.target_params, self.online_params, self.tau)
+        bad = 1.0 - ops.logical_and(critic_ok, actor_ok).astype(ms.float32)
+        return ops.stack([critic_loss, actor_loss, alpha, alpha_loss, q_mean, -mean_log_prob, bad])
+
+    def policy(self, obs, noise):
+        """A sampled action in [-1, 1] for standard-normal ``noise``."""
+        return self.actor.action_log_prob(obs, noise)[0]
+
+    def deterministic(self, obs):
+        return self.actor(obs)
+
+
+class SACTrainer(OffPolicyTrainer):
+    """SAC on a Box action space. See :class:`~.offpolicy.OffPolicyTrainer` for the API."""
+
+    algo = "sac"
+    learner_class = SACLearner
+
+    def _train_noise(self, rng, steps, batch):
+        return rng.standard_normal((steps, 2, batch, self.spec.action_dim)).astype(np.float32)
+
+    def _act_noise(self, rng, n):
+        return rng.standard_normal((n, self.spec.action_dim)).astype(np.float32)
