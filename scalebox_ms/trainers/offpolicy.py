@@ -33,9 +33,12 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from ..config import Config
-from ..errors import ConfigError
+from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
 from .core import Callback, Trainer
+
+
+NONFINITE_LIMIT = 10  # training phases in a row whose every gradient step was non-finite (skipped): stop
 
 
 class TrainingPhase(nn.Cell):
@@ -171,6 +174,8 @@ class OffPolicyTrainer(Trainer):
                                                                o.batch_size))
         self._no_act_noise = np.zeros_like(self._act_noise_or_zeros(np.random.default_rng(0), N))
         self.n_updates = 0
+        self._replay_rows = 0  # host mirror of len(self.replay), updated per phase without a device read
+        self._nonfinite_phases = 0
         if not spec.discrete:
             self._low = np.asarray(spec.low, np.float64)
             self._high = np.asarray(spec.high, np.float64)
@@ -236,11 +241,7 @@ class OffPolicyTrainer(Trainer):
             noise = self._act_noise_or_zeros(rng, len(batch))
             return self.policy_call(Tensor(batch), Tensor(noise)).asnumpy()
 
-        learning_starts, self.config.algo_config.learning_starts = self.config.algo_config.learning_starts, 0
-        try:
-            return self._explore(policy, rng, len(batch))[1]
-        finally:
-            self.config.algo_config.learning_starts = learning_starts
+        return self._explore(policy, rng, len(batch))[1]
 
     # ------------------------------------------------------------------ the loop
     def learn(self, total_steps: Optional[int] = None, callbacks: Sequence[Callback] = (),
@@ -307,7 +308,9 @@ class OffPolicyTrainer(Trainer):
                 self.global_step += N
             # the training phase: replay add + gradient steps + the policy output for the next observation
             t0 = clock()
-            train = self.global_step > o.learning_starts
+            self._replay_rows = min(self._replay_rows + int(valid_b.sum()), o.buffer_size)
+            # (never sample an empty buffer: e.g. resumed without its replay file at an episode boundary)
+            train = self.global_step > o.learning_starts and self._replay_rows > 0
             G, b = self.gradient_steps, o.batch_size
             n_grad = G if train else 0
             u = rng.random((G, b), dtype=np.float32) if train else np.zeros((G, b), np.float32)
@@ -329,6 +332,11 @@ class OffPolicyTrainer(Trainer):
             t_update += clock() - t0
             stats += acc
             grad_steps += n_grad
+            bad = int(round(acc[self.learner.STATS.index("nonfinite")]))
+            self._nonfinite_phases = self._nonfinite_phases + 1 if n_grad and bad == n_grad else 0
+            if self._nonfinite_phases >= NONFINITE_LIMIT:
+                raise TrainingError(f"{NONFINITE_LIMIT} training phases in a row had only non-finite losses or "
+                                    f"gradients (every step skipped) at step {self.global_step}; the run stops")
         self.n_updates += grad_steps
         self.iteration += 1
         dt = clock() - t_iter
@@ -399,8 +407,9 @@ class OffPolicyTrainer(Trainer):
             self.log.warning("checkpoint was saved without its replay buffer (run.save_replay: false): training "
                              "continues with an empty buffer that refills")
 
-    def _replay_state(self):
-        return self.replay.state_dict() if self.config.run.save_replay else None
-
     def _restore_replay(self, arrays) -> None:
         self.replay.load_state_dict(arrays)
+        self._replay_rows = len(self.replay)
+
+    def _replay_state(self):
+        return self.replay.state_dict() if self.config.run.save_replay else None

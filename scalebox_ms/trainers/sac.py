@@ -12,8 +12,9 @@ with a~ ~ pi(.|s) and a' ~ pi(.|s') reparameterised samples of the tanh-squashed
     Q_target  <- (1 - tau) Q_target + tau Q                         every target_update_interval steps
 
 Each of the three has its own Adam (same learning rate). The standard-normal noise of both samples is drawn by
-the trainer's seeded Generator and passed in, so runs are reproducible and resumable bit for bit. A step whose
-losses or gradients are not finite is skipped whole. Actions are in [-1, 1]; the trainer maps them to the Box.
+the trainer's seeded Generator and passed in, so runs are reproducible and resumable bit for bit. Each of the three
+updates is skipped when its loss or gradients are not finite (``nonfinite_updates`` counts steps whose critic or
+actor update was skipped). Actions are in [-1, 1]; the trainer maps them to the Box.
 """
 from __future__ import annotations
 

@@ -1,0 +1,326 @@
+"""Off-policy DQN/SAC/TD3: config sections, the replay buffer's masked adds, the compiled training phase against a
+step-by-step PyNative reference, SAC's squashed log-probability, truncation handling, checkpoints and resume,
+MindIR export of the actor."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from scalebox_ms import Config, ConfigError, load_config
+
+from conftest import REPO, run_module
+
+
+def dqn_config(**dqn):
+    return Config.from_dict({
+        "algo": "dqn", "env": {"id": "CartPole-v1", "num_envs": 2},
+        "dqn": {"train_freq": 16, "gradient_steps": 4, "batch_size": 16, "learning_starts": 40, "buffer_size": 5000,
+                "target_update_interval": 50, **dqn},
+        "run": {"seed": 1, "total_steps": 2000, "progress": False}})
+
+
+def sac_config(algo="sac", **section):
+    return Config.from_dict({
+        "algo": algo, "env": {"id": "Pendulum-v1", "num_envs": 1},
+        "policy": {"pi_layers": [32, 32], "vf_layers": [32, 32]},
+        algo: {"batch_size": 32, "learning_starts": 50, "buffer_size": 5000, **section},
+        "run": {"seed": 2, "total_steps": 2000, "progress": False}})
+
+
+# ---------------------------------------------------------------------- config
+def test_algo_sections_and_defaults():
+    cfg = Config().with_overrides(["algo=sac"])
+    assert cfg.algo == "sac" and cfg.policy.pi_layers == [256, 256] and cfg.policy.activation == "relu"
+    assert "ppo" not in cfg.to_dict() and "sac" in cfg.to_dict()
+    assert Config.from_dict(cfg.to_dict()) == cfg
+    td3 = cfg.with_overrides(["policy.vf_layers=[8]", "algo=td3"])
+    assert td3.policy.pi_layers == [400, 300] and td3.policy.vf_layers == [8]  # the user's change is kept
+    assert Config().to_dict()["algo"] == "ppo" and "dqn" not in Config().to_dict()
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"algo": "dqn", "sac": {}}, "sac: a section of algo sac, but this config trains algo dqn"),
+    ({"algo": "ddpg"}, "algo: 'ddpg' is not one of ppo, dqn, sac, td3"),
+    ({"algo": "sac", "sac": {"tau": 0}}, "sac.tau: must be in (0, 1]"),
+    ({"algo": "sac", "sac": {"ent_coef": "auto_x"}}, "sac.ent_coef: expected 'auto'"),
+    ({"algo": "dqn", "dqn": {"gradient_steps": 0}}, "dqn.gradient_steps: must be >= 1, or -1"),
+    ({"algo": "dqn", "dqn": {"batch_size": 10, "buffer_size": 5}}, "dqn.batch_size: must be in [1, dqn.buffer_size"),
+    ({"algo": "td3", "policy": {"layer": "fused"}}, "policy.layer: 'fused' applies to ppo only"),
+    ({"algo": "sac", "amp": {"level": "O2"}}, "amp.level: O2 is not supported with algo sac"),
+    ({"algo": "sac", "parallel": {"workers": 2}, "env": {"num_envs": 2}}, "parallel.workers: data parallelism"),
+    ({"algo": "dqn", "env": {"normalize_reward": True}}, "env.normalize_reward: not supported with algo dqn"),
+])
+def test_bad_off_policy_configs_name_the_key(data, message):
+    with pytest.raises(ConfigError) as exc:
+        Config.from_dict(data)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_set_key_of_another_algorithm_is_refused():
+    with pytest.raises(ConfigError, match=r"--set dqn.tau: a key of algo dqn, but this config trains algo ppo"):
+        Config().with_overrides(["dqn.tau=0.5"])
+
+
+@pytest.mark.parametrize("algo, env_id, what", [("dqn", "Pendulum-v1", "Discrete"), ("sac", "CartPole-v1", "Box"),
+                                                 ("td3", "CartPole-v1", "Box")])
+def test_algorithm_refuses_the_wrong_action_space(algo, env_id, what):
+    from scalebox_ms.trainers import make_trainer
+
+    with pytest.raises(ConfigError, match=f"algo: {algo} needs a {what} action space"):
+        make_trainer(Config.from_dict({"algo": algo, "env": {"id": env_id, "num_envs": 1}}))
+
+
+# ---------------------------------------------------------------------- replay buffer
+def test_masked_add_matches_a_numpy_ring_buffer():
+    from scalebox_ms.buffers import ReplayBuffer
+    from scalebox_ms.sandbox import Sandbox
+
+    Sandbox(device="cpu", seed=0)
+    import mindspore as ms
+
+    buf = ReplayBuffer(10, {"x": ((2,), np.float32), "a": ((), np.int32)}, spare_row=True)
+    phase = _MaskedAdd(buf)
+    rng = np.random.default_rng(0)
+    ref = []
+    for _ in range(5):  # 5 x 6 rows with a random mask: wraps around the ring of 10 twice
+        x = rng.standard_normal((6, 2)).astype(np.float32)
+        a = rng.integers(0, 100, 6).astype(np.int32)
+        valid = (rng.random(6) < 0.7).astype(np.int32)
+        phase(ms.mutable((ms.Tensor(x), ms.Tensor(a))), ms.Tensor(valid))
+        ref += [(xi, ai) for xi, ai, v in zip(x, a, valid) if v]
+    kept = ref[-10:]
+    pos = len(ref) % 10
+    order = kept[-pos:] + kept[:-pos] if pos else kept  # ring order: slot i holds item i mod 10
+    st = buf.state_dict()
+    assert int(st["_size"]) == 10 and int(st["_position"]) == pos
+    np.testing.assert_array_equal(st["x"], np.stack([r[0] for r in order]))
+    np.testing.assert_array_equal(st["a"], np.array([r[1] for r in order]))
+
+
+class _MaskedAdd:
+    def __init__(self, buf):
+        import mindspore as ms
+        from mindspore import nn
+
+        class Add(nn.Cell):
+            def __init__(self):
+                super().__init__(auto_prefix=False)
+                self.buf = buf
+
+            @ms.jit
+            def construct(self, items, valid):
+                return self.buf.add_masked(items, valid)
+
+        self.cell = Add()
+
+    def __call__(self, items, valid):
+        return self.cell(items, valid)
+
+
+# ---------------------------------------------------------------------- the compiled phase vs a slow reference
+def test_dqn_phase_matches_step_by_step_reference():
+    """Replay add (masked), 3 in-graph gradient steps and the target copy equal a plain PyNative loop over the
+    same batches with a numpy Adam (MindSpore's Adam formula)."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+
+    from scalebox_ms.models.offpolicy import QNetwork
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = dqn_config(train_freq=32, gradient_steps=3, learning_starts=0, learning_rate=0.01, max_grad_norm=0.5)
+    t = make_trainer(cfg)
+    T, rng = 64, np.random.default_rng(1)
+    obs, nxt = rng.standard_normal((2, T, 4)).astype(np.float32)
+    act = rng.integers(0, 2, T).astype(np.int32)
+    rew = rng.standard_normal(T).astype(np.float32)
+    term = (rng.random(T) < 0.2).astype(np.float32)
+    valid = (rng.random(T) < 0.8).astype(np.int32)
+    u = rng.random((3, 16)).astype(np.float32)
+    online0 = [p.asnumpy().copy() for p in t.learner.q.get_parameters()]
+    items = ms.mutable((Tensor(obs), Tensor(act), Tensor(rew), Tensor(nxt), Tensor(term)))
+    t.phase(items, Tensor(valid), Tensor(np.int32(3)), Tensor(np.int32(1)), Tensor(u), Tensor(np.zeros((3, 1), np.float32)),
+            Tensor(np.float32(0.01)), Tensor(np.zeros(4, np.float32)), Tensor(np.ones(4, np.float32)),
+            Tensor(np.float32(np.inf)), Tensor(obs[:2]), Tensor(np.zeros((2, 1), np.float32)))
+    got = [p.asnumpy() for p in t.learner.q.get_parameters()]
+    target = [p.asnumpy() for p in t.learner.q_target.get_parameters()]
+    for a, b in zip(target, online0):  # n_target = 1: the target is the online net at the start of the phase
+        np.testing.assert_array_equal(a, b)
+
+    keep = valid.astype(bool)
+    data = [obs[keep], act[keep], rew[keep], nxt[keep], term[keep]]
+    n = int(keep.sum())
+    assert len(t.replay) == n
+    q, qt = QNetwork(4, 2, [64, 64]), QNetwork(4, 2, [64, 64])
+    for net in (q, qt):
+        for p, v in zip(net.get_parameters(), online0):
+            p.set_data(Tensor(v))
+
+    def loss_fn(o, a, r, no, d):
+        y = r + 0.99 * (1 - d) * ops.amax(qt(no), 1)
+        err = ops.abs(ops.gather_elements(q(o), 1, a.reshape(-1, 1))[:, 0] - y)
+        return ops.select(err < 1, 0.5 * err * err, err - 0.5).mean()
+
+    grad_fn = ms.value_and_grad(loss_fn, None, q.trainable_params())
+    m = [np.zeros_like(v) for v in online0]
+    v2 = [np.zeros_like(v) for v in online0]
+    for s in range(3):
+        idx = np.minimum(np.floor(u[s] * n).astype(int), n - 1)
+        _, g = grad_fn(*(Tensor(x[idx]) for x in data))
+        g = [x.asnumpy() for x in g]
+        norm = math.sqrt(sum(float((x.astype(np.float64) ** 2).sum()) for x in g))
+        g = [x * min(1.0, 0.5 / norm) for x in g]
+        lr_t = 0.01 * math.sqrt(1 - 0.999 ** (s + 1)) / (1 - 0.9 ** (s + 1))
+        for k, p in enumerate(q.get_parameters()):
+            m[k] = 0.9 * m[k] + 0.1 * g[k]
+            v2[k] = 0.999 * v2[k] + 0.001 * g[k] ** 2
+            p.set_data(Tensor((p.asnumpy() - lr_t * m[k] / (np.sqrt(v2[k]) + 1e-8)).astype(np.float32)))
+    for a, p in zip(got, q.get_parameters()):
+        np.testing.assert_allclose(a, p.asnumpy(), atol=1e-5)
+    assert any(np.abs(a - b).max() > 1e-3 for a, b in zip(got, online0))  # it did learn
+
+
+def test_sac_log_prob_matches_numpy():
+    from mindspore import Tensor
+
+    from scalebox_ms.models.offpolicy import SquashedGaussianActor
+    from scalebox_ms.sandbox import Sandbox
+
+    Sandbox(device="cpu", seed=0)
+    actor = SquashedGaussianActor(3, 2, [16, 16])
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((5, 3)).astype(np.float32)
+    eps = rng.standard_normal((5, 2)).astype(np.float32)
+    action, log_prob = (x.asnumpy() for x in actor.action_log_prob(Tensor(obs), Tensor(eps)))
+    w = {n: p.asnumpy() for n, p in actor.parameters_and_names()}
+    h = np.maximum(obs @ w["latent_pi.0.weight"].T + w["latent_pi.0.bias"], 0)
+    h = np.maximum(h @ w["latent_pi.2.weight"].T + w["latent_pi.2.bias"], 0)
+    mean = h @ w["mu.weight"].T + w["mu.bias"]
+    log_std = np.clip(h @ w["log_std.weight"].T + w["log_std.bias"], -20, 2)
+    u = mean + np.exp(log_std) * eps
+    ref_logp = (-0.5 * ((u - mean) / np.exp(log_std)) ** 2 - log_std - 0.5 * np.log(2 * np.pi)).sum(1)
+    ref_logp -= np.log(1 - np.tanh(u) ** 2 + 1e-6).sum(1)
+    np.testing.assert_allclose(action, np.tanh(u), atol=1e-6)
+    np.testing.assert_allclose(log_prob, ref_logp, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- the loop
+def test_truncation_stores_the_true_final_observation():
+    """CartPole cut at 5 steps: every stored transition's next_obs is the env's own next observation; at a
+    truncation it is the final observation (not the reset one) and terminated is 0; autoreset steps are skipped."""
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = Config.from_dict({"algo": "dqn", "env": {"id": "CartPole-v1", "num_envs": 1, "kwargs": {"max_episode_steps": 5}},
+                            "dqn": {"train_freq": 12, "learning_starts": 10_000, "buffer_size": 2000},
+                            "run": {"seed": 0, "total_steps": 1000, "progress": False}})
+    t = make_trainer(cfg)
+    t.learn(until=1)
+    st = t.replay.state_dict()
+    steps = t.global_step
+    n_episodes = t.episodes
+    assert len(t.replay) == steps - (steps // 6)  # every 6th step is an autoreset step, not stored
+    assert n_episodes >= 100 and st["terminated"].sum() < n_episodes  # most episodes were truncated
+    o, no = st["obs"], st["next_obs"]
+    cont = np.arange(len(o) - 1) % 5 != 4  # within an episode, next_obs is the next row's obs
+    np.testing.assert_array_equal(no[:-1][cont], o[1:][cont])
+    trunc_rows = np.flatnonzero(~cont)
+    assert not np.array_equal(no[trunc_rows], o[trunc_rows + 1])  # the final obs, not the next episode's first
+    t.close()
+
+
+def _train_run(cfg, run_dir, **kw):
+    from scalebox_ms.trainers.run import train_run
+
+    return train_run(cfg, run_dir=None if run_dir is None else str(run_dir), progress=False, log=lambda *a: None,
+                     **kw)
+
+
+@pytest.mark.parametrize("make", [dqn_config, sac_config, lambda: sac_config("td3", action_noise=0.1)],
+                         ids=["dqn", "sac", "td3"])
+def test_until_then_resume_is_bit_identical(make, tmp_path):
+    cfg = make()
+    cfg.run.total_steps = 3000
+    full = _train_run(cfg, tmp_path / "full")
+    half = _train_run(cfg, tmp_path / "half", until=1500)
+    assert half["status"] == "paused" and half["global_step"] < full["global_step"]
+    ck = sorted(os.listdir(tmp_path / "half" / "checkpoints"))
+    assert any(f.endswith(".replay.npz") for f in ck)
+    resumed = _train_run(None, None, resume=str(tmp_path / "half"))
+    assert resumed["status"] == "completed"
+    assert resumed["param_sha256"] == full["param_sha256"]
+    assert resumed["episodes"] == full["episodes"]
+
+
+def test_save_replay_false_writes_no_replay_and_resume_refills(tmp_path):
+    cfg = dqn_config()
+    cfg.run.save_replay = False
+    cfg.run.total_steps = 2000
+    _train_run(cfg, tmp_path / "r", until=1000)
+    assert not [f for f in os.listdir(tmp_path / "r" / "checkpoints") if f.endswith(".replay.npz")]
+    out = _train_run(None, None, resume=str(tmp_path / "r"))
+    assert out["status"] == "completed" and out["replay_size"] < out["global_step"] - 1000 + 64
+
+
+def test_corrupt_replay_file_is_refused(tmp_path):
+    from scalebox_ms.errors import CheckpointError
+
+    cfg = dqn_config()
+    _train_run(cfg, tmp_path / "r", until=1000)
+    ckdir = tmp_path / "r" / "checkpoints"
+    replay = sorted(f for f in os.listdir(ckdir) if f.endswith(".replay.npz"))[-1]
+    with open(ckdir / replay, "r+b") as f:
+        f.seek(200)
+        f.write(b"\x00\x01\x02")
+    with pytest.raises(CheckpointError, match="replay buffer .* is missing or corrupt"):
+        _train_run(None, None, resume=str(tmp_path / "r"), checkpoint=str(ckdir / replay[: -len(".replay.npz")]))
+
+
+def test_cli_trains_evaluates_and_exports_sac(tmp_path):
+    run = tmp_path / "run"
+    r = run_module("train", "--config", os.path.join(REPO, "configs", "sac_pendulum.yaml"), "--run-dir", run,
+                   "--set", "run.total_steps=400", "--set", "sac.learning_starts=100", "--set", "run.eval_episodes=0",
+                   "--set", "policy.pi_layers=[16]", "--set", "policy.vf_layers=[16]", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["algo"] == "sac" and summary["global_step"] == 1000
+    header = (run / "metrics.csv").read_text().splitlines()[0]
+    assert "critic_loss" in header and "ent_coef" in header
+    r = run_module("evaluate", "--run", run, "--episodes", 2, "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_module("export", "--run", run, "--output", tmp_path / "sac.mindir")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_module("export", "--run", run, "--int8", "--output", tmp_path / "q.mindir")
+    assert r.returncode != 0 and "--int8: INT8 export covers PPO" in r.stderr
+
+
+def test_exported_sac_actor_runs_without_scalebox_ms(tmp_path):
+    from scalebox_ms.export import export_mindir
+    from scalebox_ms.trainers import make_trainer
+
+    t = make_trainer(sac_config())
+    t.learn(until=200)
+    path = str(tmp_path / "actor.mindir")
+    export_mindir(t, path)
+    obs = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+    expected = t.predict(obs, deterministic=True)
+    np.save(tmp_path / "obs.npy", obs)
+    code = ("import sys, numpy as np, mindspore as ms\n"
+            "ms.set_device('CPU')\n"
+            f"g = ms.nn.GraphCell(ms.load({path!r}))\n"
+            f"out = g(ms.Tensor(np.load({str(tmp_path / 'obs.npy')!r}))).asnumpy()\n"
+            "assert 'scalebox_ms' not in sys.modules\n"
+            f"np.save({str(tmp_path / 'out.npy')!r}, out)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, atol=1e-5)
+    assert np.all(np.abs(expected) <= 2.0)
+    t.close()
+
+
+def test_preset_files_load():
+    for name in ("dqn_cartpole", "dqn_acrobot", "sac_pendulum", "sac_pendulum_native", "td3_pendulum", "sac_halfcheetah"):
+        cfg = load_config(os.path.join(REPO, "configs", f"{name}.yaml"))
+        assert cfg.algo == name.split("_")[0]
