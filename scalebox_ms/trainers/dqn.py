@@ -22,8 +22,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from ..models.offpolicy import AdamGroup, Learner, QNetwork, all_finite, polyak
-from ..ops.clip import clip_grad_norm
+from ..models.offpolicy import AdamGroup, Learner, QNetwork, guarded_update, polyak
 from .offpolicy import OffPolicyTrainer
 
 
@@ -72,11 +71,8 @@ class DQNLearner(Learner):
 
     def train_step(self, obs, action, reward, next_obs, terminated, noise, i, lr):
         (loss, q_mean), grads = self.grad_fn(obs, action, reward, next_obs, terminated)
-        finite = all_finite(grads, loss)
-        if finite:  # a non-finite loss or gradient skips the step (weights and Adam untouched)
-            grads, _ = clip_grad_norm(grads, self.max_grad_norm)
-            self.optimizer.apply(grads, lr)
-        return ops.stack([loss, q_mean, 1.0 - finite.astype(ms.float32)])
+        ok = guarded_update(self.optimizer, grads, loss, lr, self.max_grad_norm)  # (non-finite: weights untouched)
+        return ops.stack([loss, q_mean, 1.0 - ok.astype(ms.float32)])
 
     def policy(self, obs, noise):
         """The greedy action (B,) int32 (``noise`` unused)."""

@@ -13,8 +13,8 @@ with a~ ~ pi(.|s) and a' ~ pi(.|s') reparameterised samples of the tanh-squashed
 
 Each of the three has its own Adam (same learning rate). The standard-normal noise of both samples is drawn by
 the trainer's seeded Generator and passed in, so runs are reproducible and resumable bit for bit. Each of the three
-updates is skipped when its loss or gradients are not finite (``nonfinite_updates`` counts steps whose critic or
-actor update was skipped). Actions are in [-1, 1]; the trainer maps them to the Box.
+updates is skipped (weights untouched, see :func:`~scalebox_ms.models.offpolicy.guarded_update`) when its loss or
+gradients are not finite (``nonfinite_updates`` counts steps whose critic or actor update was skipped). Actions are in [-1, 1]; the trainer maps them to the Box.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..config_offpolicy import entropy_coefficient
-from ..models.offpolicy import AdamGroup, Learner, SquashedGaussianActor, TwinCritic, all_finite, polyak
+from ..models.offpolicy import AdamGroup, Learner, SquashedGaussianActor, TwinCritic, guarded_update, polyak
 from .offpolicy import OffPolicyTrainer
 
 
@@ -99,22 +99,19 @@ class SACLearner(Learner):
         log_prob = ops.stop_gradient(log_prob)
         alpha = ops.exp(self.log_alpha)[0]
         alpha_loss = ops.zeros((), ms.float32)
-        if self.learn_alpha:
+        if self.learn_alpha:  # (static)
             alpha_loss, alpha_grads = self.alpha_grad(log_prob + self.target_entropy)
-            if all_finite(alpha_grads, alpha_loss):
-                self.alpha_optimizer.apply(alpha_grads, lr)
+            guarded_update(self.alpha_optimizer, alpha_grads, alpha_loss, lr)
         next_action, next_log_prob = self.actor.action_log_prob(next_obs, eps_next)
         nq0, nq1 = self.critic_target(next_obs, next_action)
         y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * (ops.minimum(nq0, nq1) - alpha * next_log_prob))
         (critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y)
-        critic_ok = all_finite(critic_grads, critic_loss)
-        if critic_ok:
-            self.critic_optimizer.apply(critic_grads, lr)
+        critic_ok = guarded_update(self.critic_optimizer, critic_grads, critic_loss, lr)
         (actor_loss, mean_log_prob), actor_grads = self.actor_grad(obs, eps_pi, alpha)
-        actor_ok = all_finite(actor_grads, actor_loss)
-        if actor_ok:
-            self.actor_optimizer.apply(actor_grads, lr)
-        if i % self.target_every == 0:
+        actor_ok = guarded_update(self.actor_optimizer, actor_grads, actor_loss, lr)
+        if self.target_every == 1:  # (static: no graph branch in the common case)
+            polyak(self.target_params, self.online_params, self.tau)
+        elif i % self.target_every == 0:
             polyak(self.target_params, self.online_params, self.tau)
         bad = 1.0 - ops.logical_and(critic_ok, actor_ok).astype(ms.float32)
         return ops.stack([critic_loss, actor_loss, alpha, alpha_loss, q_mean, -mean_log_prob, bad])

@@ -19,7 +19,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from ..models.offpolicy import AdamGroup, DeterministicActor, Learner, TwinCritic, all_finite, polyak
+from ..models.offpolicy import AdamGroup, DeterministicActor, Learner, TwinCritic, guarded_update, polyak
 from .offpolicy import OffPolicyTrainer
 
 
@@ -86,15 +86,12 @@ class TD3Learner(Learner):
         nq0, nq1 = self.critic_target(next_obs, next_action)
         y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * ops.minimum(nq0, nq1))
         (critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y)
-        ok = all_finite(critic_grads, critic_loss)
-        if ok:
-            self.critic_optimizer.apply(critic_grads, lr)
+        ok = guarded_update(self.critic_optimizer, critic_grads, critic_loss, lr)
         actor_loss = ops.zeros((), ms.float32)
         delayed = n % self.policy_delay == 0
         if delayed:
             actor_loss, actor_grads = self.actor_grad(obs)
-            if all_finite(actor_grads, actor_loss):
-                self.actor_optimizer.apply(actor_grads, lr)
+            guarded_update(self.actor_optimizer, actor_grads, actor_loss, lr)
             polyak(self.target_params, self.online_params, self.tau)
         return ops.stack([critic_loss, actor_loss, q_mean, delayed.astype(ms.float32),
                           1.0 - ok.astype(ms.float32)])
