@@ -53,6 +53,14 @@ class DQNConfig:
     exploration_final_eps: float = 0.05
     max_grad_norm: float = 10.0
     adam_eps: float = 1e-8
+    #: greedy actions between training phases from a numpy copy of the Q-network (synced after every phase)
+    #: instead of one compiled graph call per env step: true, false, or 'auto' (an MLP of at most
+    #: HOST_ACTING_MAX_MACS multiply-adds per observation). Not an SB3 key.
+    host_acting: Union[bool, str] = "auto"
+
+
+#: 'auto' acts on the host up to this many multiply-adds per observation (a 4-256-256-2 MLP: 67,072)
+HOST_ACTING_MAX_MACS = 1_000_000
 
 
 @dataclass
@@ -127,6 +135,8 @@ def check_dqn(o: DQNConfig) -> None:
         v = getattr(o, key)
         _check(0.0 <= v <= 1.0, f"dqn.{key}", f"must be in [0, 1], got {short_repr(v)}")
     _check(o.max_grad_norm > 0, "dqn.max_grad_norm", f"must be > 0, got {short_repr(o.max_grad_norm)}")
+    _check(o.host_acting in (True, False, "auto"), "dqn.host_acting",
+           f"must be true, false or 'auto', got {short_repr(o.host_acting)}")
 
 
 def entropy_coefficient(value) -> tuple:

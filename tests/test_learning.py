@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from scalebox_ms.config import load_config
-from scalebox_ms.trainers import PPOTrainer
+from scalebox_ms.trainers import PPOTrainer, make_trainer
 from scalebox_ms.trainers.evaluation import evaluate_policy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,3 +81,23 @@ def test_native_cartpole_solves_on_gymnasiums_env():
 @pytest.mark.slow
 def test_native_pendulum_reaches_minus_300_on_gymnasiums_env():
     assert train_and_eval("ppo_pendulum_native.yaml", seed=0) >= -300
+
+
+def _offpolicy_eval(preset, seed):
+    trainer = make_trainer(load_config(os.path.join(REPO, "configs", preset), [f"run.seed={seed}", "run.progress=false"]))
+    trainer.learn()
+    mean = float(np.mean(evaluate_policy(trainer, episodes=20, seed=10_000 + seed)))
+    trainer.close()
+    return mean
+
+
+@pytest.mark.slow
+def test_dqn_cartpole_solves_for_two_of_three_seeds():
+    """rl-zoo3's DQN settings and step budget (50k); DQN on CartPole is seed-sensitive, the issue's bar is 2 of 3."""
+    assert sum(_offpolicy_eval("dqn_cartpole.yaml", seed) >= 475 for seed in (0, 1, 2)) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["sac_pendulum.yaml", "td3_pendulum.yaml"])
+def test_sac_and_td3_pendulum_reach_minus_200_at_20k_steps(preset):
+    assert _offpolicy_eval(preset, 0) >= -200

@@ -324,3 +324,28 @@ def test_preset_files_load():
     for name in ("dqn_cartpole", "dqn_acrobot", "sac_pendulum", "sac_pendulum_native", "td3_pendulum", "sac_halfcheetah"):
         cfg = load_config(os.path.join(REPO, "configs", f"{name}.yaml"))
         assert cfg.algo == name.split("_")[0]
+
+
+def test_dqn_host_acting_matches_the_compiled_graph():
+    """The numpy copy of the Q-network (dqn.host_acting) picks the compiled graph's greedy action (apart from
+    near-ties), and is re-synced after training phases."""
+    from mindspore import Tensor
+
+    from scalebox_ms.trainers import make_trainer
+
+    t = make_trainer(dqn_config(learning_starts=0))
+    assert t.host_q is not None  # auto: a small MLP acts on the host
+    t.learn(until=1)
+    obs = np.random.default_rng(3).standard_normal((500, 4)).astype(np.float32) * 2
+    q = t.learner.q(Tensor(obs)).asnumpy()
+    graph = t.policy_call(Tensor(obs), Tensor(np.zeros((500, 1), np.float32))).asnumpy()
+    t.host_q.sync()
+    host = t.host_q(obs)
+    clear = np.abs(q[:, 0] - q[:, 1]) > 1e-4
+    assert clear.sum() > 400
+    np.testing.assert_array_equal(host[clear], graph[clear])
+    before = [w.copy() for w, _, _ in t.host_q.weights]
+    t.learn(until=t.global_step + 1)
+    t._policy()  # syncs the copy after the phases
+    assert any(not np.array_equal(a, w) for a, (w, _, _) in zip(before, t.host_q.weights))
+    assert make_trainer(dqn_config(host_acting=False)).host_q is None

@@ -214,6 +214,9 @@ class OffPolicyTrainer(Trainer):
     def _phase_metrics(self) -> dict:
         return {}
 
+    def _after_phase(self) -> None:
+        """Called after every training phase call (the weights changed)."""
+
     # ------------------------------------------------------------------ acting
     def _act_noise_or_zeros(self, rng, n):
         noise = self._act_noise(rng, n)
@@ -328,6 +331,7 @@ class OffPolicyTrainer(Trainer):
                                   Tensor(c.obs), Tensor(act_noise))
             self._pending = out.asnumpy() if needs_policy else None
             self._pending_obs = c.obs
+            self._after_phase()
             acc = acc.asnumpy()
             t_update += clock() - t0
             stats += acc
@@ -343,6 +347,11 @@ class OffPolicyTrainer(Trainer):
         self.wall_time_s += dt
         steps = self.steps_per_iteration
         per_step = stats / max(grad_steps, 1)
+        names = self.learner.STATS
+        if "actor_updates" in names:  # TD3: the actor loss averaged over the steps that updated the actor
+            per_step[names.index("actor_loss")] = stats[names.index("actor_loss")] / max(
+                stats[names.index("actor_updates")], 1.0)
+            per_step[names.index("actor_updates")] = stats[names.index("actor_updates")]
         metrics = {
             "iteration": self.iteration,
             "global_step": self.global_step,
