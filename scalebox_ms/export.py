@@ -79,9 +79,6 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     if not output.endswith(".mindir"):
         raise ConfigError(f"--output {output}: must end with .mindir")
     quant_info = None
-    if int8 and trainer.config.algo != "ppo":
-        raise ConfigError(f"--int8: INT8 export covers PPO's actor-critic MLP; {trainer.config.algo} policies are "
-                          "exported in float32 (omit --int8)")
     if int8:
         from .quant import DynamicQuantizer, collect_calibration_data
 

@@ -172,6 +172,17 @@ def guarded_update(optimizer, grads, loss, lr, max_grad_norm=None):
     return ok
 
 
+class CellChain:
+    """Existing cells in order, read like an ``nn.SequentialCell`` (``cells()``) without re-parenting them (a new
+    SequentialCell would rename their Parameters)."""
+
+    def __init__(self, cells):
+        self._cells = list(cells)
+
+    def cells(self):
+        return iter(self._cells)
+
+
 class Learner(nn.Cell):
     """Base of the algorithms' learner Cells: checkpoints and hashes see every Parameter (networks, targets,
     optimizer state) in its stored layout (no padded layers here, so logical = stored)."""

@@ -82,18 +82,23 @@ class QuantDense(nn.Cell):
 
 
 class QuantizedPolicy(nn.Cell):
-    """Deterministic policy on normalised observations with int8 Dense layers: obs -> action."""
+    """Deterministic policy on normalised observations with int8 Dense layers: obs -> action.
+
+    ``output`` maps the last layer to the action: 'argmax' (Discrete: PPO's logits, DQN's Q values), 'clip' (PPO's
+    Gaussian mean clipped to the Box) or 'tanh' (SAC/TD3: tanh, then [-1, 1] mapped to the Box)."""
 
     def __init__(self, layers: List[QuantDense], discrete: bool, low=None, high=None, level: str = "L1",
-                 info: Optional[dict] = None):
+                 info: Optional[dict] = None, output: Optional[str] = None):
         super().__init__()
         self.layers = nn.CellList(layers)
         self.discrete = discrete
+        self.output = output or ("argmax" if discrete else "clip")
         self.level = level
         self.info = info or {}
         if not discrete:
             self.low = Tensor(np.asarray(low, np.float32))
             self.high = Tensor(np.asarray(high, np.float32))
+            self.half_range = Tensor(0.5 * (np.asarray(high, np.float32) - np.asarray(low, np.float32)))
 
     def logits(self, x):
         for layer in self.layers:
@@ -102,8 +107,10 @@ class QuantizedPolicy(nn.Cell):
 
     def construct(self, obs):
         out = self.logits(obs)
-        if self.discrete:
+        if self.output == "argmax":
             return ops.argmax(out, -1).astype(ms.int32)
+        if self.output == "tanh":
+            return self.low + (ops.tanh(out) + 1.0) * self.half_range
         return ops.clip_by_value(out, self.low, self.high)
 
 
@@ -142,14 +149,21 @@ class DynamicQuantizer:
         self.percentile = float(percentile)
 
     def __call__(self, model, calibration_data) -> QuantizedPolicy:
-        """Quantize ``model`` (an ActorCritic, or a PPOTrainer) using normalised observations ``calibration_data``."""
+        """Quantize ``model`` (an ActorCritic, or a trainer: PPO's policy MLP; DQN's Q-network, SAC's and TD3's
+        actor) using normalised observations ``calibration_data``."""
         trainer = None
-        if hasattr(model, "model") and hasattr(model, "global_step"):  # a PPOTrainer
+        output = None
+        if hasattr(model, "model") and hasattr(model, "global_step"):  # a trainer
             trainer, model = model, model.model
             if trainer.global_step == 0:
                 raise ConfigError("quantize: the policy is untrained (global_step 0); train or load a checkpoint first")
-        pi = getattr(model, "pi_net", None)
-        layers = _dense_layers(pi) if isinstance(pi, nn.SequentialCell) else []
+        if hasattr(trainer, "policy_mlp"):  # off-policy: (the deterministic policy's MLP, its output mapping)
+            pi, output = trainer.policy_mlp()
+            spec = trainer.spec
+        else:
+            pi = getattr(model, "pi_net", None)
+            spec = getattr(model, "spec", None)
+        layers = _dense_layers(pi) if hasattr(pi, "cells") else []
         if not layers:
             raise ConfigError(f"quantize: {type(model).__name__} has no policy Dense layers to quantize")
         data = np.asarray(calibration_data, np.float32) if calibration_data is not None else np.zeros((0,))
@@ -164,7 +178,6 @@ class DynamicQuantizer:
                                   f"this policy has {fan_in}")
         scales = self._input_scales(layers, data) if self.quant_level == "L2" else [None] * len(layers)
         qlayers = [QuantDense(w, b, act, s) for (w, b, act), s in zip(layers, scales)]
-        spec = model.spec
         info = {
             "level": self.quant_level,
             "weights": "int8, symmetric, per output channel",
@@ -177,7 +190,7 @@ class DynamicQuantizer:
             "int8_arithmetic": "simulated in float32 (exact int32-equivalent accumulation)"
             if self.quant_level == "L2" else "n/a (weights dequantised in graph)",
         }
-        return QuantizedPolicy(qlayers, spec.discrete, spec.low, spec.high, self.quant_level, info)
+        return QuantizedPolicy(qlayers, spec.discrete, spec.low, spec.high, self.quant_level, info, output)
 
     def _input_scales(self, layers, data: np.ndarray) -> List[float]:
         """Per-layer input scales from a float forward pass over the calibration data."""

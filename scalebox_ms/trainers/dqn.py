@@ -78,6 +78,9 @@ class DQNLearner(Learner):
         """The greedy action (B,) int32 (``noise`` unused)."""
         return ops.argmax(self.q(obs), 1).astype(ms.int32)
 
+    def policy_mlp(self):
+        return self.q.q_net, "argmax"
+
     def deterministic(self, obs):
         return ops.argmax(self.q(obs), 1).astype(ms.int32)
 

@@ -235,6 +235,11 @@ class OffPolicyTrainer(Trainer):
         """The Cell :func:`scalebox_ms.export.export_mindir` exports (see :class:`DeployActor`)."""
         return DeployActor(self.learner, self.spec)
 
+    def policy_mlp(self):
+        """(the deterministic policy as one Dense/activation ``nn.SequentialCell``, its output mapping) for INT8
+        post-training quantization (:class:`scalebox_ms.quant.DynamicQuantizer`)."""
+        return self.learner.policy_mlp()
+
     def _act_deterministic(self, batch: np.ndarray) -> np.ndarray:
         out = self.deterministic_call(Tensor(batch), Tensor(np.zeros((len(batch), 1), np.float32))).asnumpy()
         return self._to_env(out)

@@ -23,7 +23,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..config_offpolicy import entropy_coefficient
-from ..models.offpolicy import AdamGroup, Learner, SquashedGaussianActor, TwinCritic, guarded_update, polyak
+from ..models.offpolicy import AdamGroup, CellChain, Learner, SquashedGaussianActor, TwinCritic, guarded_update, polyak
 from .offpolicy import OffPolicyTrainer
 
 
@@ -119,6 +119,10 @@ class SACLearner(Learner):
     def policy(self, obs, noise):
         """A sampled action in [-1, 1] for standard-normal ``noise``."""
         return self.actor.action_log_prob(obs, noise)[0]
+
+    def policy_mlp(self):
+        """The deterministic action's MLP: the trunk and the mean head (tanh applied after)."""
+        return CellChain(list(self.actor.latent_pi.cells()) + [self.actor.mu]), "tanh"
 
     def deterministic(self, obs):
         return self.actor(obs)

@@ -99,6 +99,9 @@ class TD3Learner(Learner):
     def policy(self, obs, noise):
         return self.actor(obs)
 
+    def policy_mlp(self):
+        return self.actor.mu, "tanh"
+
     def deterministic(self, obs):
         return self.actor(obs)
 
