@@ -81,23 +81,29 @@ class AutoMixedPrecision:
 
     def apply(self, model):
         """Cast ``model``'s MLPs in place per :attr:`level`; parameter names and dtypes are unchanged."""
-        from mindspore import nn
-
         dtype = self.ms_dtype
         for attr in ("pi_net", "vf_net"):
-            net = getattr(model, attr)
-            if self.level == "O1":
-                for _, cell in net.cells_and_names():
-                    if _is_white_listed(cell):
-                        cell.to_float(dtype)
-                    elif isinstance(cell, (nn.Tanh, nn.ReLU)):
-                        cell.to_float(ms.float32)  # activations back in float32 between low-precision layers
-            else:
-                net.to_float(dtype)
+            self.cast(getattr(model, attr))
         # O2: MLP outputs cast back to float32 before the distribution maths; O3: heads stay in low precision
         model.head_dtype = dtype if self.level == "O3" else ms.float32
         model.amp_level = self.level
         return model
+
+    def cast(self, net):
+        """Cast one network in place: O1 its Dense/FusedDense cells (activations in float32), O2/O3 all of it.
+        Its users cast its output back to float32 (the off-policy networks always do)."""
+        from mindspore import nn
+
+        dtype = self.ms_dtype
+        if self.level == "O1":
+            for _, cell in net.cells_and_names():
+                if _is_white_listed(cell):
+                    cell.to_float(dtype)
+                elif isinstance(cell, (nn.Tanh, nn.ReLU)):
+                    cell.to_float(ms.float32)  # activations back in float32 between low-precision layers
+        else:
+            net.to_float(dtype)
+        return net
 
 
 def _is_white_listed(cell) -> bool:

@@ -192,8 +192,6 @@ def check_off_policy(cfg) -> None:
                                               else "no Gaussian policy head)"))
     _check(not cfg.env.normalize_reward, "env.normalize_reward",
            f"not supported with algo {algo} (rewards go into the replay buffer unscaled)")
-    _check(cfg.amp.level == "O0", "amp.level",
-           f"{cfg.amp.level} is not supported with algo {algo} yet (mixed precision covers the PPO update); use O0")
     par = cfg.parallel
     _check(par.workers == 1, "parallel.workers",
            f"data parallelism is not supported with algo {algo} yet (one process; see docs/off_policy.md)")

@@ -50,7 +50,6 @@ def test_algo_sections_and_defaults():
     ({"algo": "dqn", "dqn": {"gradient_steps": 0}}, "dqn.gradient_steps: must be >= 1, or -1"),
     ({"algo": "dqn", "dqn": {"batch_size": 10, "buffer_size": 5}}, "dqn.batch_size: must be in [1, dqn.buffer_size"),
     ({"algo": "td3", "policy": {"layer": "fused"}}, "policy.layer: 'fused' applies to ppo only"),
-    ({"algo": "sac", "amp": {"level": "O2"}}, "amp.level: O2 is not supported with algo sac"),
     ({"algo": "sac", "parallel": {"workers": 2}, "env": {"num_envs": 2}}, "parallel.workers: data parallelism"),
     ({"algo": "dqn", "env": {"normalize_reward": True}}, "env.normalize_reward: not supported with algo dqn"),
 ])
@@ -377,4 +376,27 @@ def test_int8_export_of_the_off_policy_actor(make, tmp_path):
         assert (got == want).mean() >= 0.9
     else:
         assert np.abs(got - want).max() < 0.1 * 4.0  # Pendulum's Box is [-2, 2]
+    t.close()
+
+
+@pytest.mark.parametrize("make, level", [(lambda: dqn_config(learning_starts=0), "O1"), (sac_config, "O2"),
+                                         (lambda: sac_config("td3", learning_starts=0), "O2")],
+                         ids=["dqn-O1", "sac-O2", "td3-O2"])
+def test_amp_trains_every_loss_with_the_loss_scaler(make, level):
+    """float16 networks, one dynamic loss scale for all of a step's losses: training stays finite, the scaler's
+    state is reported and checkpointed, and the weights move."""
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = make()
+    cfg.amp.level = level
+    t = make_trainer(cfg)
+    before = t.parameters_sha256()
+    t.learn(until=300)
+    m = t._last_metrics
+    assert m["loss_scale"] >= 1 and m["amp_skipped_steps"] >= 0 and m["n_updates"] > 0
+    assert all(math.isfinite(v) for k, v in m.items() if k.endswith("loss") and isinstance(v, float))
+    names = [n for n, _ in t._named_state()]
+    assert "model.loss_scale" in names or any(n.endswith("loss_scale") for n in names)
+    assert t.parameters_sha256() != before
+    assert np.all(np.isfinite(t.predict(np.zeros(t.spec.obs_dim, np.float32))))
     t.close()

@@ -27,6 +27,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from ..amp import update_scale
 from .actor_critic import mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -52,7 +53,7 @@ class QNetwork(nn.Cell):
         self.q_net = mlp(obs_dim, list(layers), n_actions, activation, ortho, 1.0)
 
     def construct(self, obs):
-        return self.q_net(obs)
+        return self.q_net(obs).astype(ms.float32)  # (float32 maths after a low-precision net under AMP)
 
 
 class TwinCritic(nn.Cell):
@@ -65,7 +66,7 @@ class TwinCritic(nn.Cell):
 
     def construct(self, obs, action):
         x = ops.concat([obs, action], 1)
-        return self.qf0(x)[:, 0], self.qf1(x)[:, 0]
+        return self.qf0(x)[:, 0].astype(ms.float32), self.qf1(x)[:, 0].astype(ms.float32)
 
 
 class SquashedGaussianActor(nn.Cell):
@@ -80,8 +81,8 @@ class SquashedGaussianActor(nn.Cell):
     def action_log_prob(self, obs, eps):
         """Reparameterised sample ``tanh(mean + std * eps)`` for standard-normal ``eps`` and its log-probability."""
         h = self.latent_pi(obs)
-        mean = self.mu(h)
-        log_std = ops.clip_by_value(self.log_std(h), LOG_STD_MIN, LOG_STD_MAX)
+        mean = self.mu(h).astype(ms.float32)
+        log_std = ops.clip_by_value(self.log_std(h).astype(ms.float32), LOG_STD_MIN, LOG_STD_MAX)
         u = mean + ops.exp(log_std) * eps
         action = ops.tanh(u)
         gaussian = (-0.5 * eps * eps - log_std - 0.5 * math.log(2.0 * math.pi)).sum(1)
@@ -89,7 +90,7 @@ class SquashedGaussianActor(nn.Cell):
 
     def construct(self, obs):
         """The deterministic action: tanh of the mean."""
-        return ops.tanh(self.mu(self.latent_pi(obs)))
+        return ops.tanh(self.mu(self.latent_pi(obs)).astype(ms.float32))
 
 
 class DeterministicActor(nn.Cell):
@@ -100,7 +101,7 @@ class DeterministicActor(nn.Cell):
         self.mu = mlp(obs_dim, list(layers), action_dim, activation, ortho, 1.0)
 
     def construct(self, obs):
-        return ops.tanh(self.mu(obs))
+        return ops.tanh(self.mu(obs).astype(ms.float32))
 
 
 def copy_network(net: nn.Cell, prefix: str) -> nn.Cell:
@@ -154,13 +155,16 @@ def polyak(targets, sources, tau):
     return done
 
 
-def guarded_update(optimizer, grads, loss, lr, max_grad_norm=None):
+def guarded_update(optimizer, grads, loss, lr, max_grad_norm=None, inv_scale=None):
     """Apply ``grads`` with ``optimizer`` unless the loss or a gradient is not finite; returns the bool ``ok``.
 
     Branch-free (a graph ``if`` inside the gradient-step ``while`` loop costs ~2 ms per step on CPU): the global
     gradient norm doubles as the finiteness check, a non-finite step applies zero gradients at learning rate 0,
     so the weights stay untouched (Adam's moments decay by one step and its step counter advances). With
-    ``max_grad_norm`` the gradients are clipped to it first (torch's ``clip_grad_norm_``)."""
+    ``max_grad_norm`` the gradients are clipped to it first (torch's ``clip_grad_norm_``). ``inv_scale`` (AMP)
+    unscales gradients of a loss multiplied by the loss scale; an overflow is a non-finite step."""
+    if inv_scale is not None:
+        grads = tuple(g * inv_scale for g in grads)
     flat = ops.concat([g.reshape(-1) for g in grads])
     sq = (flat * flat).sum()
     ok = ops.logical_and(ops.isfinite(sq), ops.isfinite(loss))
@@ -185,7 +189,40 @@ class CellChain:
 
 class Learner(nn.Cell):
     """Base of the algorithms' learner Cells: checkpoints and hashes see every Parameter (networks, targets,
-    optimizer state) in its stored layout (no padded layers here, so logical = stored)."""
+    optimizer state, the AMP loss scaler) in its stored layout (no padded layers here, so logical = stored).
+
+    Mixed precision (:meth:`use_amp`, the ``amp:`` section): every network is cast by
+    :meth:`~scalebox_ms.amp.AutoMixedPrecision.cast` (outputs back to float32), every loss is multiplied by one
+    dynamic loss scale (:class:`~scalebox_ms.amp.LossScaler`; ``self.scale()``, 1 without AMP) and its gradients
+    unscaled (``self.inv_scale()``); :meth:`end_step` backs the scale off when any of the step's updates overflowed
+    and grows it after ``growth_interval`` clean steps."""
+
+    mixed = False  # (a bool: graph code branches on it statically)
+
+    def use_amp(self, amp, networks) -> None:
+        from ..amp import LossScaler
+
+        self.mixed = True
+        self.amp = amp
+        for net in networks:
+            amp.cast(net)
+        self.loss_scale, self.good_steps, self.skipped_steps = LossScaler(amp).parameters()
+
+    def scale(self):
+        return self.loss_scale if self.mixed else ops.ones((), ms.float32)
+
+    def inv_scale(self):
+        return 1.0 / self.loss_scale if self.mixed else None
+
+    def end_step(self, ok):
+        """The loss scaler's update after a gradient step (``ok``: all of its updates were finite)."""
+        if self.mixed:
+            new_scale, new_good, new_skipped = update_scale(self.loss_scale, self.good_steps, self.skipped_steps, ok,
+                                                            self.amp)
+            ops.assign(self.loss_scale, new_scale)
+            ops.assign(self.good_steps, new_good)
+            ops.assign(self.skipped_steps, new_skipped)
+        return ok
 
     def logical_parameters(self):
         return [(name, p.asnumpy()) for name, p in self.parameters_and_names()]

@@ -31,13 +31,13 @@ class _TDLoss(nn.Cell):
         super().__init__(auto_prefix=False)
         self.q, self.q_target, self.gamma = q, q_target, gamma
 
-    def construct(self, obs, action, reward, next_obs, terminated):
+    def construct(self, obs, action, reward, next_obs, terminated, scale):
         next_q = ops.stop_gradient(ops.amax(self.q_target(next_obs), 1))
         y = reward + self.gamma * (1.0 - terminated) * next_q
         q = ops.gather_elements(self.q(obs), 1, action.reshape((-1, 1)))[:, 0]
         err = ops.abs(q - y)
         loss = ops.select(err < 1.0, 0.5 * err * err, err - 0.5).mean()
-        return loss, q.mean()
+        return loss * scale, loss, q.mean()  # (differentiated: the loss times the AMP loss scale, 1 in float32)
 
 
 class DQNLearner(Learner):
@@ -45,7 +45,7 @@ class DQNLearner(Learner):
 
     STATS = ("loss", "q_values", "nonfinite")
 
-    def __init__(self, spec, policy_cfg, cfg):
+    def __init__(self, spec, policy_cfg, cfg, amp=None):
         super().__init__()
         args = (spec.obs_dim, spec.action_dim, policy_cfg.vf_layers, policy_cfg.activation, policy_cfg.ortho_init)
         self.q = QNetwork(*args)
@@ -58,6 +58,8 @@ class DQNLearner(Learner):
         self.optimizer = AdamGroup(self.q.trainable_params(), "q_optimizer", cfg.adam_eps)
         self.tau = float(cfg.tau)
         self.max_grad_norm = float(cfg.max_grad_norm)
+        if amp is not None:
+            self.use_amp(amp, [self.q, self.q_target])
         self.grad_fn = ms.value_and_grad(_TDLoss(self.q, self.q_target, float(cfg.gamma)), None,
                                          self.optimizer.params, has_aux=True)
 
@@ -70,8 +72,9 @@ class DQNLearner(Learner):
         return k
 
     def train_step(self, obs, action, reward, next_obs, terminated, noise, i, lr):
-        (loss, q_mean), grads = self.grad_fn(obs, action, reward, next_obs, terminated)
-        ok = guarded_update(self.optimizer, grads, loss, lr, self.max_grad_norm)  # (non-finite: weights untouched)
+        (_, loss, q_mean), grads = self.grad_fn(obs, action, reward, next_obs, terminated, self.scale())
+        ok = guarded_update(self.optimizer, grads, loss, lr, self.max_grad_norm, self.inv_scale())  # (non-finite:
+        self.end_step(ok)                                                                          # untouched)
         return ops.stack([loss, q_mean, 1.0 - ok.astype(ms.float32)])
 
     def policy(self, obs, noise):

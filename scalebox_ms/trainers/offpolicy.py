@@ -133,7 +133,10 @@ class OffPolicyTrainer(Trainer):
         if self.dist.world_size > 1:
             raise ConfigError(f"parallel.workers: data parallelism is not supported with algo {algo} yet "
                               f"(started under msrun with {self.dist.world_size} ranks)")
-        self.amp = None
+        from ..amp import AutoMixedPrecision, check_backend
+
+        self.amp = AutoMixedPrecision.from_config(cfg.amp)
+        check_backend(self.amp, getattr(self.sandbox, "device", "CPU"))
         c = self._make_collector(cfg.env.num_envs)
         spec = self.spec
         if algo == "dqn" and not spec.discrete:
@@ -155,7 +158,7 @@ class OffPolicyTrainer(Trainer):
         check_fits(f"{algo}.buffer_size", f"a replay buffer of {algo}.buffer_size = {o.buffer_size} transitions",
                    (o.buffer_size + 1) * row, getattr(self.sandbox, "memory_limit_bytes", None))
         self.replay_row_bytes = row
-        self.learner = self.learner_class(spec, cfg.policy, o)
+        self.learner = self.learner_class(spec, cfg.policy, o, amp=self.amp)
         self.model = self.learner
         self.replay = ReplayBuffer(o.buffer_size, fields, spare_row=True)
         normalize = c.obs_normalizer is not None
@@ -380,6 +383,9 @@ class OffPolicyTrainer(Trainer):
             "world_size": 1,
             **self._phase_metrics(),
         }
+        if self.amp is not None:
+            metrics["loss_scale"] = float(self.learner.loss_scale.asnumpy())
+            metrics["amp_skipped_steps"] = int(self.learner.skipped_steps.asnumpy())
         if getattr(c.env, "events", None) is not None:
             metrics["env_restarts"] = len(c.env.events)
         self._last_metrics = metrics

@@ -46,7 +46,7 @@ OFF_POLICY_COLUMNS = [
     "episodes", "loss", "critic_loss", "actor_loss", "q_values", "ent_coef", "ent_coef_loss", "entropy",
     "exploration_rate", "actor_updates", "learning_rate", "n_updates", "replay_size", "update_time_s", "share_env",
     "share_act", "share_update", "share_other", "update_samples_per_s", "batch_size", "env_restarts", "world_size",
-    "nonfinite_updates",
+    "nonfinite_updates", "loss_scale", "amp_skipped_steps",
 ]
 # columns that depend on the machine's speed, not on the maths (excluded from reproducibility checks)
 TIMING_COLUMNS = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s", "share_env", "share_act",

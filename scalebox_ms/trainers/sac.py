@@ -32,8 +32,9 @@ class _TemperatureLoss(nn.Cell):
         super().__init__(auto_prefix=False)
         self.log_alpha = log_alpha
 
-    def construct(self, log_prob_plus_target):
-        return -(self.log_alpha * log_prob_plus_target).mean()
+    def construct(self, log_prob_plus_target, scale):
+        loss = -(self.log_alpha * log_prob_plus_target).mean()
+        return loss * scale, loss
 
 
 class _CriticLoss(nn.Cell):
@@ -41,10 +42,10 @@ class _CriticLoss(nn.Cell):
         super().__init__(auto_prefix=False)
         self.critic = critic
 
-    def construct(self, obs, action, y):
+    def construct(self, obs, action, y, scale):
         q0, q1 = self.critic(obs, action)
         loss = 0.5 * (((q0 - y) ** 2).mean() + ((q1 - y) ** 2).mean())
-        return loss, q0.mean()
+        return loss * scale, loss, q0.mean()
 
 
 class _ActorLoss(nn.Cell):
@@ -52,16 +53,17 @@ class _ActorLoss(nn.Cell):
         super().__init__(auto_prefix=False)
         self.actor, self.critic = actor, critic
 
-    def construct(self, obs, eps, alpha):
+    def construct(self, obs, eps, alpha, scale):
         action, log_prob = self.actor.action_log_prob(obs, eps)
         q0, q1 = self.critic(obs, action)
-        return (alpha * log_prob - ops.minimum(q0, q1)).mean(), log_prob.mean()
+        loss = (alpha * log_prob - ops.minimum(q0, q1)).mean()
+        return loss * scale, loss, log_prob.mean()
 
 
 class SACLearner(Learner):
     STATS = ("critic_loss", "actor_loss", "ent_coef", "ent_coef_loss", "q_values", "entropy", "nonfinite")
 
-    def __init__(self, spec, policy_cfg, cfg):
+    def __init__(self, spec, policy_cfg, cfg, amp=None):
         super().__init__()
         A = spec.action_dim
         common = (policy_cfg.activation, policy_cfg.ortho_init)
@@ -79,6 +81,8 @@ class SACLearner(Learner):
         self.target_entropy = float(-A if cfg.target_entropy == "auto" else cfg.target_entropy)
         self.gamma, self.tau = float(cfg.gamma), float(cfg.tau)
         self.target_every = int(cfg.target_update_interval)
+        if amp is not None:
+            self.use_amp(amp, [self.actor, self.critic, self.critic_target])
         self.actor_optimizer = AdamGroup(self.actor.trainable_params(), "actor_optimizer", cfg.adam_eps)
         self.critic_optimizer = AdamGroup(self.critic.trainable_params(), "critic_optimizer", cfg.adam_eps)
         self.critic_grad = ms.value_and_grad(_CriticLoss(self.critic), None, self.critic_optimizer.params,
@@ -88,7 +92,7 @@ class SACLearner(Learner):
         if self.learn_alpha:
             self.alpha_optimizer = AdamGroup([self.log_alpha], "ent_coef_optimizer", cfg.adam_eps)
             self.alpha_grad = ms.value_and_grad(_TemperatureLoss(self.log_alpha), None,
-                                                self.alpha_optimizer.params)
+                                                self.alpha_optimizer.params, has_aux=True)
 
     def before_phase(self, n_target):
         return n_target
@@ -98,17 +102,20 @@ class SACLearner(Learner):
         _, log_prob = self.actor.action_log_prob(obs, eps_pi)
         log_prob = ops.stop_gradient(log_prob)
         alpha = ops.exp(self.log_alpha)[0]
+        scale, inv_scale = self.scale(), self.inv_scale()  # (AMP loss scale; 1 and None in float32)
         alpha_loss = ops.zeros((), ms.float32)
+        alpha_ok = ops.ones((), ms.bool_)
         if self.learn_alpha:  # (static)
-            alpha_loss, alpha_grads = self.alpha_grad(log_prob + self.target_entropy)
-            guarded_update(self.alpha_optimizer, alpha_grads, alpha_loss, lr)
+            (_, alpha_loss), alpha_grads = self.alpha_grad(log_prob + self.target_entropy, scale)
+            alpha_ok = guarded_update(self.alpha_optimizer, alpha_grads, alpha_loss, lr, None, inv_scale)
         next_action, next_log_prob = self.actor.action_log_prob(next_obs, eps_next)
         nq0, nq1 = self.critic_target(next_obs, next_action)
         y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * (ops.minimum(nq0, nq1) - alpha * next_log_prob))
-        (critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y)
-        critic_ok = guarded_update(self.critic_optimizer, critic_grads, critic_loss, lr)
-        (actor_loss, mean_log_prob), actor_grads = self.actor_grad(obs, eps_pi, alpha)
-        actor_ok = guarded_update(self.actor_optimizer, actor_grads, actor_loss, lr)
+        (_, critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y, scale)
+        critic_ok = guarded_update(self.critic_optimizer, critic_grads, critic_loss, lr, None, inv_scale)
+        (_, actor_loss, mean_log_prob), actor_grads = self.actor_grad(obs, eps_pi, alpha, scale)
+        actor_ok = guarded_update(self.actor_optimizer, actor_grads, actor_loss, lr, None, inv_scale)
+        self.end_step(ops.logical_and(alpha_ok, ops.logical_and(critic_ok, actor_ok)))
         if self.target_every == 1:  # (static: no graph branch in the common case)
             polyak(self.target_params, self.online_params, self.tau)
         elif i % self.target_every == 0:

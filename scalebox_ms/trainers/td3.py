@@ -28,9 +28,10 @@ class _CriticLoss(nn.Cell):
         super().__init__(auto_prefix=False)
         self.critic = critic
 
-    def construct(self, obs, action, y):
+    def construct(self, obs, action, y, scale):
         q0, q1 = self.critic(obs, action)
-        return ((q0 - y) ** 2).mean() + ((q1 - y) ** 2).mean(), q0.mean()
+        loss = ((q0 - y) ** 2).mean() + ((q1 - y) ** 2).mean()
+        return loss * scale, loss, q0.mean()
 
 
 class _ActorLoss(nn.Cell):
@@ -38,9 +39,10 @@ class _ActorLoss(nn.Cell):
         super().__init__(auto_prefix=False)
         self.actor, self.critic = actor, critic
 
-    def construct(self, obs):
+    def construct(self, obs, scale):
         q0, _ = self.critic(obs, self.actor(obs))
-        return -q0.mean()
+        loss = -q0.mean()
+        return loss * scale, loss
 
 
 def _target_copy(target, source):
@@ -52,7 +54,7 @@ def _target_copy(target, source):
 class TD3Learner(Learner):
     STATS = ("critic_loss", "actor_loss", "q_values", "actor_updates", "nonfinite")
 
-    def __init__(self, spec, policy_cfg, cfg):
+    def __init__(self, spec, policy_cfg, cfg, amp=None):
         super().__init__()
         A = spec.action_dim
         common = (policy_cfg.activation, policy_cfg.ortho_init)
@@ -73,7 +75,10 @@ class TD3Learner(Learner):
         self.critic_optimizer = AdamGroup(self.critic.trainable_params(), "critic_optimizer", cfg.adam_eps)
         self.critic_grad = ms.value_and_grad(_CriticLoss(self.critic), None, self.critic_optimizer.params,
                                              has_aux=True)
-        self.actor_grad = ms.value_and_grad(_ActorLoss(self.actor, self.critic), None, self.actor_optimizer.params)
+        self.actor_grad = ms.value_and_grad(_ActorLoss(self.actor, self.critic), None, self.actor_optimizer.params,
+                                            has_aux=True)
+        if amp is not None:
+            self.use_amp(amp, [self.actor, self.actor_target, self.critic, self.critic_target])
 
     def before_phase(self, n_target):
         return n_target
@@ -85,14 +90,17 @@ class TD3Learner(Learner):
         next_action = ops.clip_by_value(self.actor_target(next_obs) + smoothing, -1.0, 1.0)
         nq0, nq1 = self.critic_target(next_obs, next_action)
         y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * ops.minimum(nq0, nq1))
-        (critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y)
-        ok = guarded_update(self.critic_optimizer, critic_grads, critic_loss, lr)
+        scale, inv_scale = self.scale(), self.inv_scale()  # (AMP loss scale; 1 and None in float32)
+        (_, critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y, scale)
+        ok = guarded_update(self.critic_optimizer, critic_grads, critic_loss, lr, None, inv_scale)
+        actor_ok = ops.ones((), ms.bool_)
         actor_loss = ops.zeros((), ms.float32)
         delayed = n % self.policy_delay == 0
         if delayed:
-            actor_loss, actor_grads = self.actor_grad(obs)
-            guarded_update(self.actor_optimizer, actor_grads, actor_loss, lr)
+            (_, actor_loss), actor_grads = self.actor_grad(obs, scale)
+            actor_ok = guarded_update(self.actor_optimizer, actor_grads, actor_loss, lr, None, inv_scale)
             polyak(self.target_params, self.online_params, self.tau)
+        self.end_step(ops.logical_and(ok, actor_ok))
         return ops.stack([critic_loss, actor_loss, q_mean, delayed.astype(ms.float32),
                           1.0 - ok.astype(ms.float32)])
 
