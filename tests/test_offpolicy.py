@@ -400,3 +400,54 @@ def test_amp_trains_every_loss_with_the_loss_scaler(make, level):
     assert t.parameters_sha256() != before
     assert np.all(np.isfinite(t.predict(np.zeros(t.spec.obs_dim, np.float32))))
     t.close()
+
+
+@pytest.mark.parametrize("algo, env_id", [("sac", "Pendulum-v1"), ("dqn", "CartPole-v1")])
+def test_native_cycle_matches_stepping_the_native_env(algo, env_id):
+    """env.backend native: a whole phase (acting, env steps, replay add, gradient steps) is one graph call. Its
+    staged transitions and replay rows equal those of the same native env stepped from Python with the same actions
+    and reset noise (the slow reference)."""
+    import copy
+
+    from scalebox_ms.envs.native.vector import NativeVectorEnv
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = Config.from_dict({"algo": algo, "env": {"id": env_id, "backend": "native", "num_envs": 2},
+                            "policy": {"pi_layers": [16], "vf_layers": [16]},
+                            algo: {"train_freq": 150, "gradient_steps": 2, "batch_size": 8, "learning_starts": 100,
+                                   "buffer_size": 1000},
+                            "run": {"seed": 4, "total_steps": 1000, "progress": False}})
+    t = make_trainer(cfg)
+    assert t.native_cycle is not None
+    c = t.collector
+    c.reset(seed=4)
+    # (copies: asnumpy() of a CPU Parameter may share its memory, and the cycle moves the env on)
+    state = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in c.env.__getstate__().items()}
+    env_rng = copy.deepcopy(c.env.rng)
+    acc, n_grad = t._native_phase()
+    assert n_grad == 2 and np.isfinite(acc).all()
+    cyc = t.native_cycle
+    acts = cyc.actions.asnumpy()
+    ref = NativeVectorEnv(env_id, 2)
+    ref.__setstate__(state)
+    ref.rng = env_rng
+    spec = t.spec
+    rows = []
+    raw_obs = cyc.obs_raw.asnumpy()
+    for k in range(150):
+        a = acts[k] if spec.discrete else np.asarray(spec.low) + (acts[k] + 1.0) * 0.5 * (np.asarray(spec.high) - np.asarray(spec.low))
+        valid = ~ref._step.needs_reset.asnumpy()
+        before = raw_obs[k]
+        nxt, reward, term, trunc, _ = ref.step(a)
+        np.testing.assert_allclose(cyc.next_raw.asnumpy()[k], nxt, atol=1e-5, err_msg=f"step {k}")
+        np.testing.assert_allclose(cyc.rewards.asnumpy()[k], reward, atol=1e-4)
+        np.testing.assert_array_equal(cyc.terminated.asnumpy()[k] > 0, term)
+        for i in np.flatnonzero(valid):
+            rows.append((before[i], acts[k][i], nxt[i], float(term[i])))
+    st = t.replay.state_dict()
+    assert len(rows) == len(t.replay)
+    np.testing.assert_allclose(st["obs"], np.stack([r[0] for r in rows]), atol=1e-5)
+    np.testing.assert_allclose(st["next_obs"], np.stack([r[2] for r in rows]), atol=1e-5)
+    np.testing.assert_array_equal(st["terminated"], np.array([r[3] for r in rows], np.float32))
+    assert t.global_step == 300
+    t.close()

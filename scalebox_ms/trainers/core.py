@@ -88,11 +88,13 @@ class Trainer:
         # stochastic predict(): its own stream of the run's seed (never the training stream)
         self._predict_rng = np.random.Generator(np.random.PCG64([self.config.run.seed, 1]))
 
-    def _make_collector(self, num_envs: int, rank: int = 0, reducer=None):
+    def _make_collector(self, num_envs: int, rank: int = 0, reducer=None, stream=None):
         from .collector import RolloutCollector
 
-        # rank r draws from stream r of the seed (rank 0 = the single-process stream)
-        rng = np.random.Generator(np.random.PCG64(self.config.run.seed).jumped(rank))
+        # rank r draws from stream r of the seed (rank 0 = the single-process stream); ``stream`` picks another
+        # stream of the seed (PCG64([seed, stream])), independent of the envs' own generators
+        seed = self.config.run.seed
+        rng = np.random.Generator(np.random.PCG64(seed if stream is None else [seed, stream]).jumped(rank))
         self.collector = RolloutCollector(self.config, self.sandbox, rng, num_envs, rank=rank, reducer=reducer)
         self.spec = self.collector.spec
         return self.collector

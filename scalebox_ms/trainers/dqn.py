@@ -156,9 +156,9 @@ class DQNTrainer(OffPolicyTrainer):
         super()._restore_extra(sc)
         self._host_stale = True
 
-    def _exploration_rate(self) -> float:
+    def _exploration_rate(self, step=None) -> float:
         o = self.config.dqn
-        progress = self.global_step / self.config.run.total_steps
+        progress = (self.global_step if step is None else step) / self.config.run.total_steps
         if o.exploration_fraction == 0 or progress >= o.exploration_fraction:
             return o.exploration_final_eps
         return o.exploration_initial_eps + progress * (o.exploration_final_eps - o.exploration_initial_eps) \
@@ -177,6 +177,14 @@ class DQNTrainer(OffPolicyTrainer):
         random = rng.integers(0, self.spec.action_dim, size=n).astype(np.int32)
         a = random if explore.all() else np.where(explore, random, policy())
         return a.astype(np.int32), a.astype(np.int64)
+
+    def _random_mask(self, rng, n, step):
+        if step < self.config.dqn.learning_starts:
+            return np.ones(n, np.float32)
+        return (rng.random(n) < self._exploration_rate(step)).astype(np.float32)
+
+    def _random_batch(self, rng, n):
+        return rng.integers(0, self.spec.action_dim, size=n).astype(np.int32)
 
     def _phase_metrics(self) -> dict:
         return {"exploration_rate": self._exploration_rate()}

@@ -35,6 +35,7 @@ from mindspore import Tensor, nn, ops
 from ..config import Config
 from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
+from ..envs.native.vector import transition
 from .core import Callback, Trainer
 
 
@@ -69,6 +70,89 @@ class TrainingPhase(nn.Cell):
             acc = acc + self.learner.train_step(obs, action, reward, next_obs, terminated, noise[i], i, lr)
             i = i + 1
         return self.learner.policy(act_obs, act_noise), acc
+
+
+class NativeCycle(nn.Cell):
+    """A whole training phase on a native env (``env.backend: native``) as ONE graph call: ``train_freq`` vector
+    steps of observe -> act -> env step -> stage in a graph ``while`` loop, then the replay add and the gradient
+    steps of :class:`TrainingPhase`.
+
+    Acting in the graph: ``a = use_random ? rand : policy(obs, act_eps)``, then (Box) ``clip(a + act_noise, -1,
+    1)`` mapped to the Box -- what the host loop's exploration computes, with every random input drawn by the
+    trainer's Generator beforehand (DQN: ``use_random`` is epsilon's per-env coin, ``rand`` the random actions).
+    Returns (statistics, last raw obs); the host reads the staged steps (``obs_raw``, ``rewards``, ``terminated``,
+    ``truncated``, ``valid``) for the episode and observation statistics."""
+
+    def __init__(self, learner, replay, env, n_steps: int, normalize: bool, discrete: bool):
+        super().__init__(auto_prefix=False)
+        from ..buffers.device import _param
+
+        T, N = int(n_steps), env.num_envs
+        D = env.single_observation_space.shape[0]
+        self.learner, self.replay, self.normalize, self.discrete = learner, replay, normalize, discrete
+        self.env_cell, self.dyn = env._step, env._dyn  # the env's own state Parameters
+        self.n_steps, self.num_envs, self.n_stats = T, N, len(learner.STATS)
+        act_shape = () if discrete else (env.single_action_space.shape[0],)
+        if not discrete:
+            low = np.asarray(env.single_action_space.low, np.float32)
+            high = np.asarray(env.single_action_space.high, np.float32)
+            self.low, self.half_range = Tensor(low), Tensor(0.5 * (high - low))
+        self.obs_raw = _param((T, N, D), np.float32, "cycle_obs")
+        self.next_raw = _param((T, N, D), np.float32, "cycle_next_obs")
+        self.actions = _param((T, N) + act_shape, np.int32 if discrete else np.float32, "cycle_actions")
+        self.rewards = _param((T, N), np.float32, "cycle_rewards")
+        self.terminated = _param((T, N), np.float32, "cycle_terminated")
+        self.truncated = _param((T, N), np.float32, "cycle_truncated")
+        self.valid = _param((T, N), np.int32, "cycle_valid")
+
+    def _norm(self, obs, mean, inv_std, clip):
+        if self.normalize:
+            return ops.clip_by_value((obs - mean) * inv_std, -clip, clip)
+        return obs
+
+    @ms.jit
+    def construct(self, use_random, rand, act_eps, act_noise, reset_noise, n_grad, n_target, u, noise, lr, obs_mean,
+                  obs_inv_std, obs_clip):
+        env = self.env_cell
+        t = ops.zeros((), ms.int32)
+        while t < self.n_steps:
+            raw = self.dyn.observe(env.state)
+            policy = self.learner.policy(self._norm(raw, obs_mean, obs_inv_std, obs_clip), act_eps[t])
+            if self.discrete:
+                a = ops.select(use_random[t] > 0, rand[t], policy)
+                env_action = a
+            else:
+                a = ops.select(ops.broadcast_to(use_random[t].expand_dims(-1), policy.shape) > 0, rand[t], policy)
+                a = ops.clip_by_value(a + act_noise[t], -1.0, 1.0)
+                env_action = self.low + (a + 1.0) * self.half_range
+            valid = ~env.needs_reset
+            self.obs_raw[t] = raw  # (stored before the env state is overwritten, as in native_rollout)
+            self.actions[t] = a
+            self.valid[t] = valid.astype(ms.int32)
+            ns, steps, done, reward, terminated, truncated = transition(
+                self.dyn, env.state, env.steps, env.needs_reset, env_action, reset_noise[t])
+            self.next_raw[t] = self.dyn.observe(ns)
+            self.rewards[t] = reward
+            self.terminated[t] = terminated.astype(ms.float32)
+            self.truncated[t] = truncated.astype(ms.float32)
+            ops.assign(env.state, ns)
+            ops.assign(env.steps, steps)
+            ops.assign(env.needs_reset, done)
+            t = t + 1
+        T, N = self.n_steps, self.num_envs
+        items = (self.obs_raw.reshape((T * N, -1)), self.actions.reshape((T * N,) + self.actions.shape[2:]),
+                 self.rewards.reshape((-1,)), self.next_raw.reshape((T * N, -1)), self.terminated.reshape((-1,)))
+        self.replay.add_masked(items, self.valid.reshape((-1,)))
+        self.learner.before_phase(n_target)
+        acc = ops.zeros((self.n_stats,), ms.float32)
+        i = ops.zeros((), ms.int32)
+        while i < n_grad:
+            obs, action, reward, next_obs, term = self.replay.gather(u[i])
+            obs = self._norm(obs, obs_mean, obs_inv_std, obs_clip)
+            next_obs = self._norm(next_obs, obs_mean, obs_inv_std, obs_clip)
+            acc = acc + self.learner.train_step(obs, action, reward, next_obs, term, noise[i], i, lr)
+            i = i + 1
+        return acc, self.dyn.observe(env.state)
 
 
 class PolicyCall(nn.Cell):
@@ -137,7 +221,9 @@ class OffPolicyTrainer(Trainer):
 
         self.amp = AutoMixedPrecision.from_config(cfg.amp)
         check_backend(self.amp, getattr(self.sandbox, "device", "CPU"))
-        c = self._make_collector(cfg.env.num_envs)
+        # the training stream is PCG64([seed, 2]): PCG64(seed) is also what gymnasium and the native envs derive
+        # env 0's generator from, so it would replay env 0's reset noise as exploration noise
+        c = self._make_collector(cfg.env.num_envs, stream=2)
         spec = self.spec
         if algo == "dqn" and not spec.discrete:
             raise ConfigError(f"algo: dqn needs a Discrete action space; {cfg.env.id} has Box actions (use sac or td3)")
@@ -163,6 +249,8 @@ class OffPolicyTrainer(Trainer):
         self.replay = ReplayBuffer(o.buffer_size, fields, spare_row=True)
         normalize = c.obs_normalizer is not None
         self.phase = TrainingPhase(self.learner, self.replay, normalize)
+        self.native_cycle = (NativeCycle(self.learner, self.replay, c.env, o.train_freq, normalize,
+                                         self.spec.discrete) if c.compiled else None)
         self.policy_call = PolicyCall(self.learner, deterministic=False)
         self.deterministic_call = PolicyCall(self.learner, deterministic=True)
         self._values = ParameterValues([("model." + n, p) for n, p in self.learner.parameters_and_names()])
@@ -207,6 +295,14 @@ class OffPolicyTrainer(Trainer):
 
     def _train_noise(self, rng, steps, batch):
         return np.zeros((steps, 1), np.float32)
+
+    def _random_mask(self, rng, n, step):
+        """Native cycle: 1 where the env at ``step`` acts at random (before learning_starts)."""
+        return np.full(n, float(step < self.config.algo_config.learning_starts), np.float32)
+
+    def _random_batch(self, rng, n):
+        """Native cycle: ``n`` uniformly random actions in the replay's action space."""
+        return rng.uniform(-1.0, 1.0, (n, self.spec.action_dim)).astype(np.float32)
 
     def _act_noise(self, rng, n):
         return None
@@ -286,6 +382,14 @@ class OffPolicyTrainer(Trainer):
         stats = np.zeros(len(self.learner.STATS))
         grad_steps = 0
         for _ in range(self.phases_per_iteration):
+            if self.native_cycle is not None:  # native env: the whole cycle is one graph call
+                t0 = clock()
+                acc, n_grad = self._native_phase()
+                t_update += clock() - t0
+                stats += acc
+                grad_steps += n_grad
+                self._check_nonfinite(acc, n_grad)
+                continue
             obs_b = np.zeros((T, N, D), np.float32)
             next_b = np.zeros((T, N, D), np.float32)
             act_b = np.zeros((T, N) + act_shape, act_dtype)
@@ -344,11 +448,7 @@ class OffPolicyTrainer(Trainer):
             t_update += clock() - t0
             stats += acc
             grad_steps += n_grad
-            bad = int(round(acc[self.learner.STATS.index("nonfinite")]))
-            self._nonfinite_phases = self._nonfinite_phases + 1 if n_grad and bad == n_grad else 0
-            if self._nonfinite_phases >= NONFINITE_LIMIT:
-                raise TrainingError(f"{NONFINITE_LIMIT} training phases in a row had only non-finite losses or "
-                                    f"gradients (every step skipped) at step {self.global_step}; the run stops")
+            self._check_nonfinite(acc, n_grad)
         self.n_updates += grad_steps
         self.iteration += 1
         dt = clock() - t_iter
@@ -392,6 +492,72 @@ class OffPolicyTrainer(Trainer):
         if hasattr(self.sandbox, "check_memory"):
             self.sandbox.check_memory()
         return metrics
+
+    def _check_nonfinite(self, acc, n_grad) -> None:
+        bad = int(round(acc[self.learner.STATS.index("nonfinite")]))
+        self._nonfinite_phases = self._nonfinite_phases + 1 if n_grad and bad == n_grad else 0
+        if self._nonfinite_phases >= NONFINITE_LIMIT:
+            raise TrainingError(f"{NONFINITE_LIMIT} training phases in a row had only non-finite losses or "
+                                f"gradients (every step skipped) at step {self.global_step}; the run stops")
+
+    def _train_inputs(self, rng, steps_before: int):
+        """(n_grad, n_target, u, noise) of a phase ending at the current global step."""
+        o = self.config.algo_config
+        # (never sample an empty buffer: e.g. resumed without its replay file at an episode boundary)
+        train = self.global_step > o.learning_starts and self._replay_rows > 0
+        G, b = self.gradient_steps, o.batch_size
+        u = rng.random((G, b), dtype=np.float32) if train else np.zeros((G, b), np.float32)
+        noise = self._train_noise(rng, G, b) if train else self._no_train_noise
+        return (G if train else 0), self._target_updates(steps_before, self.global_step), u, noise
+
+    def _native_phase(self):
+        """One training phase on a native env: ``train_freq`` vector steps (observe, act, env step, stage) and the
+        phase's replay add and gradient steps in ONE graph call (:class:`NativeCycle`); then the host bookkeeping
+        (episode statistics, observation statistics, non-finite checks) from the returned arrays."""
+        o, c, rng, N = self.config.algo_config, self.collector, self.rng, self.num_envs
+        T, A = self._phase_steps, self.spec.action_dim
+        steps_before = self.global_step
+        # the exploration inputs of the T steps, drawn in a fixed order (see NativeCycle)
+        use_random = np.zeros((T, N), np.float32)
+        for t in range(T):
+            use_random[t] = self._random_mask(rng, N, steps_before + t * N)
+        rand = self._random_batch(rng, T * N).reshape((T, N) + (() if self.spec.discrete else (A,)))
+        act_eps = np.stack([self._act_noise_or_zeros(rng, N) for _ in range(T)])
+        sigma = getattr(o, "action_noise", None)
+        act_noise = (rng.normal(0.0, sigma, (T, N, A)).astype(np.float32) if sigma and not self.spec.discrete
+                     else np.zeros((T, N, 1), np.float32))
+        reset_noise = c.env.rng.random((T, N, c.env._dyn_cls.noise_dim)).astype(np.float32)
+        self.global_step += T * N
+        # the replay rows this phase adds are only known after the call: count the env's valid steps first
+        valid_now = c.valid.copy()
+        mean, inv_std, clip = self._obs_stats()
+        self._replay_rows = min(self._replay_rows + int(valid_now.sum()) + (T - 1) * N, o.buffer_size)  # upper bound
+        n_grad, n_target, u, noise = self._train_inputs(rng, steps_before)
+        out = self.native_cycle(Tensor(use_random), Tensor(rand), Tensor(act_eps), Tensor(act_noise),
+                                Tensor(reset_noise), Tensor(np.int32(n_grad)), Tensor(np.int32(n_target)), Tensor(u),
+                                Tensor(noise), Tensor(np.float32(o.learning_rate)), Tensor(mean), Tensor(inv_std),
+                                Tensor(clip))
+        acc, last_raw = out[0].asnumpy(), out[1].asnumpy()
+        cyc = self.native_cycle
+        raw_obs, rewards, terminated, truncated, valid = (p.asnumpy() for p in (
+            cyc.obs_raw, cyc.rewards, cyc.terminated, cyc.truncated, cyc.valid))
+        self._replay_rows = len(self.replay)
+        rewards = rewards.astype(np.float64)
+        if not (np.isfinite(raw_obs).all() and np.isfinite(rewards).all()):
+            for t in range(T):
+                c._check_finite(raw_obs[t], rewards[t], steps_before + t * N)
+        c._check_finite(last_raw, None, self.global_step)
+        valid = valid.astype(bool)
+        for t in range(T):
+            c._account_step(rewards[t], (terminated[t] > 0) | (truncated[t] > 0), valid[t])
+        if c.obs_normalizer is not None:
+            c.obs_normalizer.rms.update(raw_obs.reshape(-1, self.spec.obs_dim))
+        c.raw_obs = last_raw
+        c.obs = c.normalize_obs(last_raw, update=False)
+        c.valid = ~((terminated[-1] > 0) | (truncated[-1] > 0))
+        self._pending = None
+        self._after_phase()
+        return acc, n_grad
 
     def _obs_stats(self):
         norm = self.collector.obs_normalizer
