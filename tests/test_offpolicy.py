@@ -237,13 +237,14 @@ def _train_run(cfg, run_dir, **kw):
                      **kw)
 
 
-@pytest.mark.parametrize("make", [dqn_config, sac_config, lambda: sac_config("td3", action_noise=0.1)],
+@pytest.mark.parametrize("make", [dqn_config, lambda: sac_config(train_freq=4, gradient_steps=2),
+                                  lambda: sac_config("td3", action_noise=0.1, train_freq=4, gradient_steps=2)],
                          ids=["dqn", "sac", "td3"])
 def test_until_then_resume_is_bit_identical(make, tmp_path):
     cfg = make()
-    cfg.run.total_steps = 3000
+    cfg.run.total_steps = 2000
     full = _train_run(cfg, tmp_path / "full")
-    half = _train_run(cfg, tmp_path / "half", until=1500)
+    half = _train_run(cfg, tmp_path / "half", until=1000)
     assert half["status"] == "paused" and half["global_step"] < full["global_step"]
     ck = sorted(os.listdir(tmp_path / "half" / "checkpoints"))
     assert any(f.endswith(".replay.npz") for f in ck)
