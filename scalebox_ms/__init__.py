@@ -1,4 +1,4 @@
-"""scalebox_ms: MindSpore-native reinforcement learning (PPO compiled into MindSpore graphs)."""
+"""scalebox_ms: MindSpore-native reinforcement learning (PPO, DQN, SAC and TD3 compiled into MindSpore graphs)."""
 __version__ = "0.2.0"
 
 from .config import Config, load_config  # noqa: E402  (no MindSpore import)
@@ -10,7 +10,7 @@ def __getattr__(name):  # lazy: importing scalebox_ms must not pay MindSpore's ~
         from .sandbox import Sandbox
 
         return Sandbox
-    if name in ("PPOTrainer", "Callback"):
+    if name in ("PPOTrainer", "DQNTrainer", "SACTrainer", "TD3Trainer", "Callback", "make_trainer", "load_trainer"):
         from . import trainers
 
         return getattr(trainers, name)
@@ -18,4 +18,4 @@ def __getattr__(name):  # lazy: importing scalebox_ms must not pay MindSpore's ~
 
 
 __all__ = ["Config", "load_config", "CheckpointError", "ConfigError", "ScaleboxError", "Sandbox", "PPOTrainer",
-           "Callback", "__version__"]
+           "DQNTrainer", "SACTrainer", "TD3Trainer", "make_trainer", "load_trainer", "Callback", "__version__"]
