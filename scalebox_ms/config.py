@@ -45,6 +45,8 @@ class EnvConfig:
     clip_reward: float = 10.0
     #: extra keyword arguments for ``gymnasium.make``
     kwargs: Dict[str, Any] = field(default_factory=dict)
+    #: 'auto' (Atari's standard preprocessing for ale-py envs, else none), 'atari' or 'none' (docs/spaces.md)
+    preprocess: str = "auto"
 
 
 @dataclass
@@ -63,6 +65,14 @@ class PolicyConfig:
     #: acting-call kernel: 'builtin' (MindSpore ops), 'custom' (the C++ fused-MLP aot kernel of
     #: scalebox_ms.ops.custom; inference only), 'auto' (custom where benchmarks/acting_kernels.py measured it faster)
     act_kernel: str = "builtin"
+    #: feature extractor: 'auto' (NatureCNN for image observations, else the MLP on the encoded vector), 'mlp'
+    #: (images flattened too) or 'nature_cnn' (image observations only)
+    features: str = "auto"
+    #: one CNN for the policy and the value function (else one each); the MLP path always has separate networks
+    share_features: bool = True
+    #: NatureCNN sizes: output channels of its three convolutions (8x8/4, 4x4/2, 3x3/1) and of its Dense layer
+    cnn_channels: List[int] = field(default_factory=lambda: [32, 64, 64])
+    cnn_features_dim: int = 512
 
 
 @dataclass
@@ -301,6 +311,8 @@ _CHOICES = {
     ("policy", "layer"): ("dense", "fused"),
     ("policy", "act_kernel"): ("builtin", "custom", "auto"),
     ("ppo", "update_kernel"): ("builtin", "custom", "auto"),
+    ("policy", "features"): ("auto", "mlp", "nature_cnn"),
+    ("env", "preprocess"): ("auto", "atari", "none"),
     ("amp", "level"): ("O0", "O1", "O2", "O3"),
     ("amp", "dtype"): ("float16", "bfloat16"),
 }
@@ -381,6 +393,9 @@ def _check_policy(p: PolicyConfig) -> None:
         layers = getattr(p, key)
         _check(all(n >= 1 for n in layers), f"policy.{key}", f"layer sizes must be >= 1, got {short_repr(layers)}")
     _check(1 <= p.align <= 1024, "policy.align", f"must be in [1, 1024], got {short_repr(p.align)}")
+    _check(len(p.cnn_channels) == 3 and all(n >= 1 for n in p.cnn_channels), "policy.cnn_channels",
+           f"must be 3 channel counts >= 1, got {short_repr(p.cnn_channels)}")
+    _check(p.cnn_features_dim >= 1, "policy.cnn_features_dim", f"must be >= 1, got {short_repr(p.cnn_features_dim)}")
 
 
 def _check_ppo(o: PPOConfig) -> None:

@@ -3,7 +3,14 @@
 The exported graph maps a raw observation batch ``float32 (batch, obs_dim)`` (dynamic batch dimension; Box
 observations of any shape are flattened) to an action batch: observation normalisation inside the graph,
 then the deterministic action (argmax ``int32`` for Discrete, the Gaussian mean clipped to the bounds
-``float32 (batch, act_dim)`` for Box). Only the policy network is exported, not the value network.
+``float32 (batch, act_dim)`` for Box, per-component argmax ``int32 (batch, k)`` for MultiDiscrete, ``l > 0``
+``int32 (batch, n)`` for MultiBinary). Only the policy network is exported, not the value network.
+
+Observation spaces other than a plain Box (Discrete, MultiDiscrete, MultiBinary, Dict, Tuple) take one input
+per leaf of the space, in the order of the sidecar's ``input.leaves`` (Dict keys in the space's order, Tuple
+parts by index, nested paths joined with dots): ``int32 (batch,)`` for Discrete, ``int32 (batch, *shape)`` for
+MultiDiscrete, ``float32 (batch, *shape)`` for Box and MultiBinary. The graph one-hots and joins them as
+training did (:mod:`scalebox_ms.envs.obs_encoding`) and normalises the Box columns only.
 
 Next to ``policy.mindir`` a sidecar ``policy.mindir.json`` records the env id, spaces, normalisation,
 quantization details, versions and the source checkpoint. The file runs without scalebox_ms::
@@ -36,28 +43,54 @@ def _normalizer_constants(obs_normalizer):
             Tensor((1.0 / np.sqrt(rms.var + obs_normalizer.epsilon)).astype(np.float32)), float(obs_normalizer.clip))
 
 
-def _deploy_cell(policy_cell, obs_normalizer):
-    from mindspore import nn, ops
+def _deploy_cell(policy_cell, obs_normalizer, encoder=None):
+    from mindspore import Tensor, nn, ops
 
     class DeployPolicy(nn.Cell):
-        """raw obs -> normalised obs -> deterministic action."""
+        """raw obs (one Tensor, or one per leaf of a composite space) -> encoded -> normalised -> deterministic
+        action."""
 
         def __init__(self):
             super().__init__()
             self.policy = policy_cell
+            self.channels_last = encoder is not None and encoder.image and encoder.channels_last
+            self.encode = encoder is not None and not encoder.plain and not encoder.image
+            if self.encode:
+                from .models.obs_encoder import ObsEncoderCell
+
+                self.encoder = ObsEncoderCell(encoder)
             self.normalize = obs_normalizer is not None
-            if self.normalize:
+            self.masked = self.normalize and obs_normalizer.mask is not None
+            if self.masked:  # per-column constants: the non-Box columns pass through
+                self.mean, self.inv_std, low, high = (Tensor(a) for a in obs_normalizer.constants())
+                self.low, self.high = low, high
+            elif self.normalize:
                 self.mean, self.inv_std, self.clip = _normalizer_constants(obs_normalizer)
 
-        def construct(self, obs):
-            x = obs
-            if self.normalize:
+        def construct(self, *obs):
+            x = self.encoder(*obs) if self.encode else obs[0]
+            if self.channels_last:  # the env's HWC frames -> the CNN's CHW
+                x = ops.transpose(x, (0, 3, 1, 2))
+            if self.masked:
+                x = ops.minimum(ops.maximum((x - self.mean) * self.inv_std, self.low), self.high)
+            elif self.normalize:
                 x = ops.clip_by_value((x - self.mean) * self.inv_std, -self.clip, self.clip)
             return self.policy(x)
 
     # MindIR repeats the graph's name (from the class's qualified name) in every node name: keep it short
     DeployPolicy.__qualname__ = "DeployPolicy"
     return DeployPolicy()
+
+
+def _action_space_json(spec) -> dict:
+    kind = spec.action_kind
+    if kind == "discrete":
+        return {"type": "Discrete", "n": spec.action_dim}
+    if kind == "multidiscrete":
+        return {"type": "MultiDiscrete", "nvec": list(spec.nvec), "start": list(spec.action_start)}
+    if kind == "multibinary":
+        return {"type": "MultiBinary", "n": spec.action_dim}
+    return {"type": "Box", "shape": [spec.action_dim], "low": list(spec.low), "high": list(spec.high)}
 
 
 def sidecar_path(mindir_path: str) -> str:
@@ -90,16 +123,23 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         quant_info = policy.info
     else:  # the deterministic policy: PPO's ActorCritic, or the off-policy trainers' DeployActor
         policy = trainer.deploy_policy() if hasattr(trainer, "deploy_policy") else trainer.model
-    cell = _deploy_cell(policy, trainer.obs_normalizer)
+    encoder = trainer.collector.encoder
+    cell = _deploy_cell(policy, trainer.obs_normalizer, encoder)
     spec = trainer.spec
+    if encoder.image:  # uint8 frames as the env gives them (HWC or CHW)
+        inputs = [ms.Tensor(shape=[None] + list(encoder.space.shape), dtype=ms.uint8)]
+    elif encoder.plain:
+        inputs = [ms.Tensor(shape=[None, spec.obs_dim], dtype=ms.float32)]
+    else:
+        inputs = [ms.Tensor(shape=[None] + list(leaf.shape), dtype=getattr(ms, leaf.input_dtype))
+                  for leaf in encoder.leaves]
     directory = os.path.dirname(os.path.abspath(output))
     if os.path.isdir(output):
         raise ConfigError(f"--output {output}: is a directory")
     tmp_prefix = os.path.join(directory, f".tmp-{os.path.basename(output)[:-7]}-{os.getpid()}")
     try:
         os.makedirs(directory, exist_ok=True)
-        ms.export(cell, ms.Tensor(shape=[None, spec.obs_dim], dtype=ms.float32), file_name=tmp_prefix,
-                  file_format="MINDIR")
+        ms.export(cell, *inputs, file_name=tmp_prefix, file_format="MINDIR")
         os.replace(tmp_prefix + ".mindir", output)
     except OSError as exc:
         raise ConfigError(f"--output {output}: cannot write ({exc.strerror or exc})") from None
@@ -112,11 +152,14 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         "format": FORMAT,
         "env_id": cfg.env.id,
         "env_kwargs": cfg.env.kwargs,
-        "input": {"dtype": "float32", "shape": [None, spec.obs_dim], "observation_shape": list(obs_space.shape)},
+        "env_preprocess": cfg.env.preprocess,
+        "input": ({"dtype": "uint8", "shape": [None] + list(obs_space.shape), "image": {
+                      "channels_last": encoder.channels_last, "scaled_in_graph": "1/255"}} if encoder.image else
+                  {"dtype": "float32", "shape": [None, spec.obs_dim], "observation_shape": list(obs_space.shape)}
+                  if encoder.plain else {"leaves": encoder.describe(), "encoded_dim": spec.obs_dim}),
         "output": {"dtype": "int32", "shape": [None]} if spec.discrete else
-        {"dtype": "float32", "shape": [None, spec.action_dim]},
-        "action_space": {"type": "Discrete", "n": spec.action_dim} if spec.discrete else
-        {"type": "Box", "shape": [spec.action_dim], "low": list(spec.low), "high": list(spec.high)},
+        {"dtype": "int32" if spec.integer_actions else "float32", "shape": [None, spec.action_dim]},
+        "action_space": _action_space_json(spec),
         "normalization": None if trainer.obs_normalizer is None else {
             "mean": trainer.obs_normalizer.rms.mean.tolist(), "var": trainer.obs_normalizer.rms.var.tolist(),
             "epsilon": trainer.obs_normalizer.epsilon, "clip": trainer.obs_normalizer.clip,
@@ -152,12 +195,40 @@ class MindIRPolicy:
         except Exception as exc:
             raise ConfigError(f"--mindir {path}: MindSpore cannot load it ({type(exc).__name__})") from None
 
-    def __call__(self, obs: "np.ndarray") -> "np.ndarray":  # noqa: F821 (numpy imported on use)
+    def __call__(self, obs) -> "np.ndarray":  # noqa: F821 (numpy imported on use)
+        """Actions for a batch of observations as the env returns them (Dict/Tuple: a dict/tuple of batches)."""
         import mindspore as ms
         import numpy as np
 
-        obs = np.asarray(obs, np.float32)
-        return self.cell(ms.Tensor(obs.reshape(obs.shape[0], -1))).asnumpy()
+        leaves = self.sidecar["input"].get("leaves")
+        if self.sidecar["input"].get("image"):
+            obs = np.asarray(obs, np.uint8)
+            return self.cell(ms.Tensor(obs.reshape((-1,) + tuple(self.sidecar["input"]["shape"][1:])))).asnumpy()
+        if leaves is None:
+            obs = np.asarray(obs, np.float32)
+            return self.cell(ms.Tensor(obs.reshape(obs.shape[0], -1))).asnumpy()
+        tensors = []
+        for leaf in leaves:
+            x = obs
+            for p in leaf["path"]:
+                x = x[p]
+            x = np.asarray(x).astype(leaf["dtype"], copy=False)
+            tensors.append(ms.Tensor(x.reshape((-1,) + tuple(leaf["shape"]))))
+        return self.cell(*tensors).asnumpy()
+
+    def env_actions(self, actions: "np.ndarray") -> "np.ndarray":  # noqa: F821
+        """The graph's actions as the env takes them (int64 indices plus the space's start, int8 bits)."""
+        import numpy as np
+
+        space = self.sidecar["action_space"]
+        kind = space["type"]
+        if kind == "Discrete":
+            return actions.astype(np.int64)
+        if kind == "MultiDiscrete":
+            return actions.astype(np.int64) + np.asarray(space["start"], np.int64)
+        if kind == "MultiBinary":
+            return actions.astype(np.int8)
+        return actions
 
 
 def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs: int = 16) -> List[float]:
@@ -165,14 +236,12 @@ def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs:
     from .trainers.evaluation import run_episodes
 
     policy = MindIRPolicy(path)
-    discrete = policy.sidecar["action_space"]["type"] == "Discrete"
 
     def act(obs):
-        a = policy(obs)
-        return a.astype("int64") if discrete else a
+        return policy.env_actions(policy(obs))
 
     return run_episodes(policy.sidecar["env_id"], policy.sidecar.get("env_kwargs") or {}, act, episodes, seed,
-                        max_envs)
+                        max_envs, preprocess=policy.sidecar.get("env_preprocess", "auto"))
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

@@ -80,7 +80,7 @@ def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     (["--set", "ppo.n_step=3"], "unknown key 'n_step'"),
     (["--set", "ppo.gamma=2"], "ppo.gamma"),
     (["--set", "env.id=NoSuchEnv-v9"], "NoSuchEnv-v9"),
-    (["--set", "env.id=FrozenLake-v1"], "observation space Discrete"),
+    (["--set", "env.id=tests.space_envs:WordsObs-v0"], "observation part words of type Text"),
     (["--config", "/nonexistent/cfg.yaml"], "config file not found"),
     (["--total-steps", "0"], "run.total_steps"),
     (["--bogus-flag"], "--bogus-flag"),

@@ -202,7 +202,8 @@ def test_sac_log_prob_matches_numpy():
     u = mean + np.exp(log_std) * eps
     ref_logp = (-0.5 * ((u - mean) / np.exp(log_std)) ** 2 - log_std - 0.5 * np.log(2 * np.pi)).sum(1)
     ref_logp -= np.log(1 - np.tanh(u) ** 2 + 1e-6).sum(1)
-    np.testing.assert_allclose(action, np.tanh(u), atol=1e-6)
+    # float32 MLP in MindSpore vs float32 numpy: ~10 ulp apart on this 2-core AVX-512 machine (MindSpore's tanh)
+    np.testing.assert_allclose(action, np.tanh(u), atol=5e-6)
     np.testing.assert_allclose(log_prob, ref_logp, rtol=1e-5, atol=1e-5)
 
 

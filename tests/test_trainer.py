@@ -127,14 +127,16 @@ def test_corrupt_and_mismatched_checkpoints_are_refused(tmp_path, small_cfg):
 def test_unsupported_env_and_unknown_id():
     with pytest.raises(ConfigError, match="unknown environment 'NoSuchEnv-v0'"):
         PPOTrainer(small_config(env={"id": "NoSuchEnv-v0"}))
-    with pytest.raises(ConfigError, match="action space MultiDiscrete|observation space"):
-        from gymnasium import spaces
+    from gymnasium import spaces
 
-        from scalebox_ms.envs import space_spec
+    from scalebox_ms.envs import space_spec
 
-        space_spec(spaces.Box(-1, 1, (3,)), spaces.MultiDiscrete([2, 3]), "X")
-    with pytest.raises(ConfigError, match="observation space Discrete"):
-        PPOTrainer(small_config(env={"id": "FrozenLake-v1"}))
+    with pytest.raises(ConfigError, match="'X' has action space Tuple; scalebox_ms supports Discrete, Box"):
+        space_spec(spaces.Box(-1, 1, (3,)), spaces.Tuple((spaces.Discrete(2), spaces.Discrete(3))), "X")
+    with pytest.raises(ConfigError, match="'X' has a MultiDiscrete action space of shape"):
+        space_spec(spaces.Box(-1, 1, (3,)), spaces.MultiDiscrete([[2, 3], [2, 2]]), "X")
+    with pytest.raises(ConfigError, match="'X' has an observation space of type Graph"):
+        space_spec(spaces.Graph(spaces.Box(-1, 1, (2,)), None), spaces.Discrete(2), "X")
 
 
 def test_evaluate_policy_counts_episodes(small_cfg):

@@ -39,12 +39,17 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, last_values: np.ndarray
 
 
 class RolloutStorage:
-    """(T, N, ...) numpy arrays for one rollout of T vector steps over N envs."""
+    """(T, N, ...) numpy arrays for one rollout of T vector steps over N envs.
 
-    def __init__(self, n_steps: int, num_envs: int, obs_dim: int, action_shape: Tuple[int, ...], action_dtype):
+    ``obs_dim`` is the width of a flat observation, or the shape of one (``(C, H, W)`` for images, stored in
+    ``obs_dtype``: uint8 frames stay uint8)."""
+
+    def __init__(self, n_steps: int, num_envs: int, obs_dim, action_shape: Tuple[int, ...], action_dtype,
+                 obs_dtype=np.float32):
         T, N = n_steps, num_envs
         self.n_steps, self.num_envs = T, N
-        self.obs = np.zeros((T, N, obs_dim), np.float32)
+        obs_shape = tuple(obs_dim) if isinstance(obs_dim, (tuple, list)) else (int(obs_dim),)
+        self.obs = np.zeros((T, N) + obs_shape, obs_dtype)
         self.actions = np.zeros((T, N) + tuple(action_shape), action_dtype)
         self.log_probs = np.zeros((T, N), np.float32)
         self.values = np.zeros((T, N), np.float32)
@@ -57,7 +62,7 @@ class RolloutStorage:
         """The rollout flattened to (T*N, ...) arrays in the order the update graph takes them."""
         B = self.n_steps * self.num_envs
         return {
-            "obs": self.obs.reshape(B, -1),
+            "obs": self.obs.reshape((B,) + self.obs.shape[2:]),
             "actions": self.actions.reshape((B,) + self.actions.shape[2:]),
             "log_probs": self.log_probs.reshape(B),
             "values": self.values.reshape(B),

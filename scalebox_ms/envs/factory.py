@@ -17,11 +17,15 @@ from .spaces import SpaceSpec
 
 
 def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none", step_timeout: float = 10.0,
-                 worker_memory_limit: Optional[int] = None, backend: str = "gymnasium"):
+                 worker_memory_limit: Optional[int] = None, backend: str = "gymnasium", preprocess: str = "none",
+                 evaluation: bool = False):
     """A NEXT_STEP vector env; ``isolation`` 'process'/'strict' puts each sub-env in its own worker process;
-    ``backend='native'`` gives the MindSpore implementation (:mod:`scalebox_ms.envs.native`)."""
+    ``backend='native'`` gives the MindSpore implementation (:mod:`scalebox_ms.envs.native`); ``preprocess``
+    is ``env.preprocess`` (:mod:`.atari`; ``evaluation``: the evaluation variant, whole games, raw rewards)."""
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
+
+    from . import atari
 
     if backend == "native":
         from .native import SUPPORTED, make_native
@@ -29,7 +33,11 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         if env_id not in SUPPORTED:
             raise ConfigError(f"env.backend: native has no {short_repr(env_id)} (it has {', '.join(SUPPORTED)})")
         return make_native(env_id, num_envs)
-    kwargs = dict(kwargs or {})
+    preprocess = atari.resolve(preprocess, env_id)
+    if preprocess == "atari" and not atari.is_atari(env_id):
+        raise ConfigError(f"env.preprocess: atari needs an ale-py env id (ALE/...), not {short_repr(env_id)}")
+    kwargs = atari.make_kwargs(preprocess, dict(kwargs or {}))
+    wrap = (preprocess, evaluation)
     registered_id = env_id
     if ":" in env_id:  # gymnasium's "module:Env-v0": import the module that registers the env
         module, registered_id = env_id.split(":", 1)
@@ -37,6 +45,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
             importlib.import_module(module)
         except ImportError as exc:
             raise ConfigError(f"env.id: {short_repr(env_id)}: cannot import {module!r} ({exc})") from None
+    if atari.is_atari(env_id):
+        atari.import_ale()
     try:
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:
@@ -47,14 +57,15 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
 
             try:
                 env = IsolatedVectorEnv(env_id, num_envs, kwargs, step_timeout=step_timeout,
-                                        memory_limit_bytes=worker_memory_limit)
+                                        memory_limit_bytes=worker_memory_limit, wrap=wrap)
             except WorkerFailure as exc:
                 raise ConfigError(f"env.id: {short_repr(env_id)} cannot start in an isolated worker ({exc.kind}: "
                                   f"{_first_line(exc)}); check sandbox.worker_memory_limit/step_timeout") from None
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
-                    else "sync")
-            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **kwargs)
+                    and preprocess == "none" else "sync")
+            extra = {"wrappers": atari.wrappers(*wrap)} if preprocess != "none" else {}
+            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **extra, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
         raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({_first_line(exc)})") from None
     except (gym.error.Error, TypeError, ValueError) as exc:
@@ -64,7 +75,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         env.close()
         raise ConfigError(f"env.id: {short_repr(env_id)} vector env uses autoreset mode {autoreset}; scalebox_ms needs NEXT_STEP")
     try:
-        space_spec(env.single_observation_space, env.single_action_space, env_id)
+        space_spec(env.single_observation_space, env.single_action_space, env_id, features="mlp")
     except ConfigError:
         env.close()
         raise
@@ -78,27 +89,47 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     return env
 
 
-def space_spec(obs_space, act_space, env_id: str = "env") -> SpaceSpec:
-    """Check the spaces are supported and describe them; ConfigError names what is not supported."""
+def space_spec(obs_space, act_space, env_id: str = "env", features: str = "auto") -> SpaceSpec:
+    """Check the spaces are supported and describe them; ConfigError names what is not supported.
+
+    Observations: any space :class:`~.obs_encoding.ObsEncoder` encodes (``obs_dim`` is its encoded width;
+    ``features`` is ``policy.features``). Actions: Discrete, 1-D bounded Box, 1-D MultiDiscrete, 1-D MultiBinary
+    (see :mod:`.spaces`)."""
+    import functools
+
     from gymnasium import spaces
 
-    if not isinstance(obs_space, spaces.Box):
-        raise ConfigError(f"env.id: {short_repr(env_id)} has observation space {type(obs_space).__name__}; "
-                          "scalebox_ms supports Box observations")
-    obs_dim = int(np.prod(obs_space.shape))
+    from .obs_encoding import ObsEncoder
+
+    enc = ObsEncoder(obs_space, env_id, features)
+    SpaceSpec_ = functools.partial(SpaceSpec, image_shape=enc.obs_shape if enc.image else None)
+    obs_dim = enc.obs_dim
+    where = f"env.id: {short_repr(env_id)} has"
     if isinstance(act_space, spaces.Discrete):
         if int(act_space.start) != 0:
-            raise ConfigError(f"env.id: {short_repr(env_id)} has Discrete actions starting at {act_space.start}; only start=0 is supported")
-        return SpaceSpec(obs_dim=obs_dim, discrete=True, action_dim=int(act_space.n))
+            raise ConfigError(f"{where} Discrete actions starting at {act_space.start}; only start=0 is supported")
+        return SpaceSpec_(obs_dim=obs_dim, discrete=True, action_dim=int(act_space.n))
     if isinstance(act_space, spaces.Box):
         if len(act_space.shape) != 1:
-            raise ConfigError(f"env.id: {short_repr(env_id)} has a Box action space of shape {act_space.shape}; only 1-D is supported")
+            raise ConfigError(f"{where} a Box action space of shape {act_space.shape}; only 1-D is supported")
         if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
-            raise ConfigError(f"env.id: {short_repr(env_id)} has an unbounded Box action space; bounds are required")
-        return SpaceSpec(obs_dim=obs_dim, discrete=False, action_dim=int(act_space.shape[0]),
-                         low=tuple(float(x) for x in act_space.low), high=tuple(float(x) for x in act_space.high))
-    raise ConfigError(f"env.id: {short_repr(env_id)} has action space {type(act_space).__name__}; "
-                      "scalebox_ms supports Discrete and Box actions")
+            raise ConfigError(f"{where} an unbounded Box action space; bounds are required")
+        return SpaceSpec_(obs_dim=obs_dim, discrete=False, action_dim=int(act_space.shape[0]),
+                          low=tuple(float(x) for x in act_space.low), high=tuple(float(x) for x in act_space.high))
+    if isinstance(act_space, spaces.MultiDiscrete):
+        if len(act_space.shape) != 1:
+            raise ConfigError(f"{where} a MultiDiscrete action space of shape {act_space.shape}; only 1-D is supported")
+        nvec = tuple(int(n) for n in act_space.nvec)
+        start = tuple(int(s) for s in getattr(act_space, "start", np.zeros(len(nvec), np.int64)))
+        return SpaceSpec_(obs_dim=obs_dim, discrete=False, action_dim=len(nvec), action_kind="multidiscrete",
+                          nvec=nvec, action_start=start)
+    if isinstance(act_space, spaces.MultiBinary):
+        if np.ndim(act_space.n) != 0 and len(act_space.shape) != 1:
+            raise ConfigError(f"{where} a MultiBinary action space of shape {act_space.shape}; only 1-D is supported")
+        return SpaceSpec_(obs_dim=obs_dim, discrete=False, action_dim=int(np.prod(act_space.shape)),
+                          action_kind="multibinary")
+    raise ConfigError(f"{where} action space {type(act_space).__name__}; scalebox_ms supports Discrete, Box, "
+                      "MultiDiscrete and MultiBinary actions")
 
 
 def _first_line(exc: Exception) -> str:

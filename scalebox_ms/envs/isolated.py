@@ -32,13 +32,18 @@ import numpy as np
 log = logging.getLogger("scalebox_ms")
 
 
-def _worker(conn, env_id: str, kwargs: dict, memory_limit: Optional[int]) -> None:  # runs in the child
+def _worker(conn, env_id: str, kwargs: dict, memory_limit: Optional[int], wrap=("none", False)) -> None:
+    # runs in the child; ``wrap``: (env.preprocess, evaluation) for :func:`.atari.wrap`
     if memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
     try:
         import gymnasium as gym
 
-        env = gym.make(env_id, **kwargs)
+        from . import atari
+
+        if atari.is_atari(env_id):
+            atari.import_ale()
+        env = atari.wrap(gym.make(env_id, **kwargs), *wrap)
         while True:
             cmd, arg = conn.recv()
             if cmd == "reset":
@@ -69,9 +74,9 @@ class WorkerFailure(Exception):
 
 
 class _Worker:
-    def __init__(self, ctx, env_id, kwargs, memory_limit):
+    def __init__(self, ctx, env_id, kwargs, memory_limit, wrap=("none", False)):
         self.parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, env_id, kwargs, memory_limit), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, env_id, kwargs, memory_limit, wrap), daemon=True)
         self.proc.start()
         child.close()
 
@@ -101,11 +106,12 @@ class IsolatedVectorEnv:
     metadata = {"autoreset_mode": "NextStep"}
 
     def __init__(self, env_id: str, num_envs: int, kwargs: Optional[dict] = None, step_timeout: float = 10.0,
-                 memory_limit_bytes: Optional[int] = None, start_timeout: float = 60.0):
+                 memory_limit_bytes: Optional[int] = None, start_timeout: float = 60.0, wrap=("none", False)):
         from gymnasium.vector import AutoresetMode
         from gymnasium.vector.utils import batch_space
 
         self.env_id, self.num_envs, self.kwargs = env_id, int(num_envs), dict(kwargs or {})
+        self.wrap = wrap  # (env.preprocess, evaluation): each worker wraps its env (scalebox_ms.envs.atari)
         self.step_timeout, self.memory_limit = float(step_timeout), memory_limit_bytes
         self.start_timeout = float(start_timeout)
         self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -121,7 +127,7 @@ class IsolatedVectorEnv:
         self._reseed = np.random.default_rng(0)  # seeds of autoresets; re-derived from reset(seed)
 
     def _start(self) -> _Worker:
-        return _Worker(self._ctx, self.env_id, self.kwargs, self.memory_limit)
+        return _Worker(self._ctx, self.env_id, self.kwargs, self.memory_limit, self.wrap)
 
     def _replace(self, i: int, failure: WorkerFailure) -> None:
         self._workers[i].kill()
@@ -163,7 +169,7 @@ class IsolatedVectorEnv:
         if broken:
             self._give_up(broken)
         self._needs_reset[:] = False
-        return np.stack(obs), {}
+        return self._stack(obs), {}
 
     def step(self, actions):
         actions = np.asarray(actions)
@@ -210,7 +216,7 @@ class IsolatedVectorEnv:
                 self._needs_reset[i] = True
         if broken:
             self._give_up(broken)
-        return np.stack(obs), rewards, terminated, truncated, {}
+        return self._stack(obs), rewards, terminated, truncated, {}
 
     def close(self) -> None:
         for w in self._workers:
@@ -224,3 +230,11 @@ class IsolatedVectorEnv:
 
     def __getstate__(self):  # processes cannot be pickled: checkpoints resume isolated envs with fresh episodes
         raise TypeError("IsolatedVectorEnv holds worker processes and cannot be pickled")
+
+    def _stack(self, obs: list):
+        """The sub-envs' observations as one batch of the vector observation space (Dict/Tuple: a dict/tuple of
+        batched arrays, as gymnasium's own vector envs give them)."""
+        from gymnasium.vector.utils import concatenate, create_empty_array
+
+        return concatenate(self.single_observation_space, obs,
+                           create_empty_array(self.single_observation_space, len(obs)))

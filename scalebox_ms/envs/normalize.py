@@ -67,17 +67,36 @@ class RunningMeanStd:
 
 
 class ObsNormalizer:
-    """obs -> clip((obs - mean) / sqrt(var + eps), -clip, clip) with running statistics."""
+    """obs -> clip((obs - mean) / sqrt(var + eps), -clip, clip) with running statistics.
 
-    def __init__(self, obs_dim: int, clip: float = 10.0, epsilon: float = 1e-8):
+    ``mask`` (bool, ``(obs_dim,)``): only these columns are normalised; the others (one-hots and bits of
+    encoded Discrete/MultiDiscrete/MultiBinary observations, :mod:`.obs_encoding`) pass through unchanged.
+    Statistics are kept for every column either way."""
+
+    def __init__(self, obs_dim: int, clip: float = 10.0, epsilon: float = 1e-8, mask=None):
         self.rms = RunningMeanStd((obs_dim,))
         self.clip, self.epsilon = float(clip), float(epsilon)
+        self.mask = None if mask is None or np.all(mask) else np.asarray(mask, bool)
 
     def __call__(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
         if update:
             self.rms.update(obs)
-        out = (obs - self.rms.mean) / np.sqrt(self.rms.var + self.epsilon)
-        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+        out = np.clip((obs - self.rms.mean) / np.sqrt(self.rms.var + self.epsilon), -self.clip, self.clip)
+        if self.mask is not None:
+            out = np.where(self.mask, out, obs)
+        return out.astype(np.float32)
+
+    def constants(self):
+        """(mean, 1 / std, low, high) float32 per column, for normalising in a graph as
+        ``clip((obs - mean) * inv_std, low, high)``; columns outside ``mask`` get 0, 1, -inf, inf."""
+        mean = np.asarray(self.rms.mean, np.float32)
+        inv_std = (1.0 / np.sqrt(self.rms.var + self.epsilon)).astype(np.float32)
+        low = np.full(mean.shape, -self.clip, np.float32)
+        high = np.full(mean.shape, self.clip, np.float32)
+        if self.mask is not None:
+            off = ~self.mask
+            mean[off], inv_std[off], low[off], high[off] = 0.0, 1.0, -np.inf, np.inf
+        return mean, inv_std, low, high
 
     def state_dict(self) -> dict:
         return {"rms": self.rms.state_dict(), "clip": self.clip, "epsilon": self.epsilon}

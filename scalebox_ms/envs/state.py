@@ -4,8 +4,9 @@ Only representations known to round-trip exactly are used:
 
 * envs that pickle whole and faithfully: scalebox_ms's native envs and gymnasium's classic-control vector
   envs (``CartPoleVectorEnv``);
-* ``SyncVectorEnv`` whose sub-envs are gymnasium classic-control envs: the sub-envs (state, RNG, time-limit
-  counters) plus the vector env's autoreset flags (the vector env itself holds unpicklable factories);
+* ``SyncVectorEnv`` whose sub-envs are gymnasium classic-control or toy-text envs (FrozenLake, Blackjack, Taxi,
+  CliffWalking: plain Python state and a numpy RNG): the sub-envs (state, RNG, time-limit counters) plus the
+  vector env's autoreset flags (the vector env itself holds unpicklable factories);
 * anything else (MuJoCo, whose envs pickle without their simulation state; isolated worker processes) gives
   ``None``: a resumed run then starts fresh episodes, seeded from (seed, global step).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-_FAITHFUL_MODULES = ("gymnasium.envs.classic_control", "scalebox_ms.envs.native")
+_FAITHFUL_MODULES = ("gymnasium.envs.classic_control", "gymnasium.envs.toy_text", "scalebox_ms.envs.native")
 
 
 def _faithful(obj) -> bool:

@@ -1,8 +1,12 @@
-"""MLP actor-critic ``nn.Cell`` for Box observations and Discrete or Box actions.
+"""MLP actor-critic ``nn.Cell`` for flat (encoded) observations and Discrete, Box, MultiDiscrete or MultiBinary actions.
 
 Separate policy and value MLPs (SB3's ``MlpPolicy`` layout for PPO), orthogonal initialisation with gains
 sqrt(2) for hidden layers, 0.01 for the policy head and 1 for the value head. Continuous actions use a diagonal
-Gaussian with a state-independent ``log_std`` Parameter.
+Gaussian with a state-independent ``log_std`` Parameter; MultiDiscrete actions one Categorical per component
+over its segment of the logits, MultiBinary actions one Bernoulli per bit (SB3's distributions for those spaces).
+Observations arrive flat: :mod:`scalebox_ms.envs.obs_encoding` one-hots Discrete parts and joins Dict/Tuple parts.
+Image observations (uint8 ``(C, H, W)``) go through a :class:`~scalebox_ms.models.cnn.NatureCNN` first, one shared
+by the two heads (``features.*``) or one each (``features.*`` and ``vf_features.*``), as SB3's ``CnnPolicy``.
 
 Layers: ``layer='dense'`` builds ``nn.Dense`` + activation cells; ``layer='fused'`` builds
 :class:`scalebox_ms.ops.FusedDense` layers (Linear + bias + activation as one layer, storage padded to
@@ -70,23 +74,41 @@ class ActorCritic(nn.Cell):
         log_std_init: initial log standard deviation (continuous actions only).
         layer: 'dense' (nn.Dense + activation cells) or 'fused' (FusedDense, padded storage).
         align: FusedDense storage alignment in elements (layer 'fused' only; 1: no padding).
+        share_features, cnn_channels, cnn_features_dim: the NatureCNN of image observations (``spec.image``).
     """
 
     def __init__(self, spec: SpaceSpec, pi_layers=(64, 64), vf_layers=(64, 64), activation: str = "tanh",
-                 ortho_init: bool = True, log_std_init: float = 0.0, layer: str = "dense", align: int = 16):
+                 ortho_init: bool = True, log_std_init: float = 0.0, layer: str = "dense", align: int = 16,
+                 share_features: bool = True, cnn_channels=(32, 64, 64), cnn_features_dim: int = 512):
         super().__init__()
         # the policy: section's own checks (scalebox_ms.config), so direct construction is refused the same way
         cfg = checked_section("policy", pi_layers=list(pi_layers), vf_layers=list(vf_layers), activation=activation,
-                              ortho_init=ortho_init, log_std_init=log_std_init, layer=layer, align=align)
+                              ortho_init=ortho_init, log_std_init=log_std_init, layer=layer, align=align,
+                              share_features=share_features, cnn_channels=list(cnn_channels),
+                              cnn_features_dim=cnn_features_dim)
         self.spec = spec
+        self.features = None  # no extractor: the MLPs read the (encoded) observation
+        self.shared = True
+        in_dim = spec.obs_dim
+        if spec.image:
+            from .cnn import NatureCNN
+
+            cnn = (spec.image_shape, cfg.cnn_channels, cfg.cnn_features_dim, cfg.ortho_init)
+            self.features = NatureCNN(*cnn)
+            self.shared = cfg.share_features
+            if not self.shared:
+                self.vf_features = NatureCNN(*cnn)
+            in_dim = cfg.cnn_features_dim
         self.discrete = spec.discrete
+        self.kind = spec.action_kind
+        self.segments = spec.segments
         self.activation = cfg.activation
         self.layer = cfg.layer
         self.align = cfg.align
-        self.pi_net = mlp(spec.obs_dim, cfg.pi_layers, spec.action_dim, cfg.activation, cfg.ortho_init, 0.01,
+        self.pi_net = mlp(in_dim, cfg.pi_layers, spec.logits_dim, cfg.activation, cfg.ortho_init, 0.01,
                           cfg.layer, cfg.align)
-        self.vf_net = mlp(spec.obs_dim, cfg.vf_layers, 1, cfg.activation, cfg.ortho_init, 1.0, cfg.layer, cfg.align)
-        if not self.discrete:
+        self.vf_net = mlp(in_dim, cfg.vf_layers, 1, cfg.activation, cfg.ortho_init, 1.0, cfg.layer, cfg.align)
+        if self.kind == "box":
             self.log_std = Parameter(Tensor(np.full(spec.action_dim, cfg.log_std_init, np.float32)), name="log_std")
             self.low = Tensor(np.asarray(spec.low, np.float32))
             self.high = Tensor(np.asarray(spec.high, np.float32))
@@ -174,45 +196,80 @@ class ActorCritic(nn.Cell):
     #: distribution maths (float32 under O1/O2, the low-precision dtype under O3); None: no cast (float32 model)
     head_dtype = None
 
-    def _policy_out(self, obs):
-        out = self.pi_net(obs)
+    def _inputs(self, obs):
+        """(policy MLP input, value MLP input): the observation itself, or the CNN features of the image (computed
+        once when shared)."""
+        if self.features is None:
+            return obs, obs
+        f = self.features(obs)
+        return (f, f) if self.shared else (f, self.vf_features(obs))
+
+    def _pi(self, x):
+        out = self.pi_net(x)
         if self.head_dtype is not None:
             out = out.astype(self.head_dtype)
         return out
 
-    def value(self, obs):
-        v = self.vf_net(obs).squeeze(-1)
+    def _v(self, x):
+        v = self.vf_net(x).squeeze(-1)
         if self.head_dtype is not None:
             v = v.astype(self.head_dtype)
         return v
 
+    def _policy_out(self, obs):
+        return self._pi(obs if self.features is None else self.features(obs))
+
+    def value(self, obs):
+        if self.features is None:
+            return self._v(obs)
+        return self._v(self.features(obs) if self.shared else self.vf_features(obs))
+
     def act(self, obs, noise):
         """Sample actions with externally drawn noise; return (action, log_prob, value)."""
-        out = self._policy_out(obs)
-        if self.discrete:
+        pi_in, vf_in = self._inputs(obs)
+        out = self._pi(pi_in)
+        if self.kind == "discrete":
             action = D.categorical_sample(out, noise)
             log_prob = D.categorical_log_prob(out, action)
+        elif self.kind == "multidiscrete":
+            action = D.multi_categorical_sample(out, noise, self.segments)
+            log_prob = D.multi_categorical_log_prob(out, action, self.segments)
+        elif self.kind == "multibinary":
+            action = D.bernoulli_sample(out, noise)
+            log_prob = D.bernoulli_log_prob(out, action)
         else:
             action = D.gaussian_sample(out, self.log_std, noise)
             log_prob = D.gaussian_log_prob(out, self.log_std, action)
-        return action, log_prob, self.value(obs)
+        return action, log_prob, self._v(vf_in)
 
     def evaluate_actions(self, obs, actions):
         """Return (log_prob, entropy, value) of given actions: the quantities of the PPO loss."""
-        out = self._policy_out(obs)
-        if self.discrete:
+        pi_in, vf_in = self._inputs(obs)
+        out = self._pi(pi_in)
+        if self.kind == "discrete":
             log_prob = D.categorical_log_prob(out, actions)
             entropy = D.categorical_entropy(out)
+        elif self.kind == "multidiscrete":
+            log_prob = D.multi_categorical_log_prob(out, actions, self.segments)
+            entropy = D.multi_categorical_entropy(out, self.segments)
+        elif self.kind == "multibinary":
+            log_prob = D.bernoulli_log_prob(out, actions)
+            entropy = D.bernoulli_entropy(out)
         else:
             log_prob = D.gaussian_log_prob(out, self.log_std, actions)
             entropy = D.gaussian_entropy(self.log_std, out)
-        return log_prob, entropy, self.value(obs)
+        return log_prob, entropy, self._v(vf_in)
 
     def deterministic_action(self, obs):
-        """argmax for Categorical; the mean clipped to the Box bounds for Gaussian."""
+        """argmax for Categorical (per component for MultiDiscrete); l > 0 for Bernoulli; the mean clipped to the
+        Box bounds for Gaussian."""
         out = self._policy_out(obs)
-        if self.discrete:
+        if self.kind == "discrete":
             return ops.argmax(out, -1).astype(ms.int32)
+        if self.kind == "multidiscrete":
+            return D.multi_categorical_mode(out, self.segments)
+        if self.kind == "multibinary":
+            return D.bernoulli_mode(out)
         return ops.clip_by_value(out, self.low, self.high)
 
     def construct(self, obs):
@@ -242,6 +299,12 @@ class ActStep(nn.Cell):
         self.packed = packed
         self.kernel = kernel
         self.custom = kernel == "custom"
+        if self.custom and model.features is not None:
+            raise ConfigError("policy.act_kernel: the custom kernel implements MLPs, not the NatureCNN of image "
+                              "observations; use act_kernel builtin or auto")
+        if self.custom and model.kind not in ("discrete", "box"):
+            raise ConfigError(f"policy.act_kernel: the custom kernel implements Discrete and Box actions, not "
+                              f"{model.kind}; use act_kernel builtin or auto")
         if self.custom and getattr(model, "amp_level", "O0") != "O0":
             raise ConfigError(f"policy.act_kernel: the custom kernel computes in float32 and cannot run a model cast "
                               f"by amp.level {model.amp_level}; use act_kernel builtin or auto")
@@ -266,6 +329,8 @@ class ActStep(nn.Cell):
         if self.packed:
             if self.model.discrete:
                 action = action.astype(ms.float32).expand_dims(-1)
+            elif self.model.kind != "box":
+                action = action.astype(ms.float32)
             return ops.concat([action, log_prob.expand_dims(-1), value.expand_dims(-1)], -1)
         return action, log_prob, value
 
@@ -298,4 +363,5 @@ def build_model(spec: SpaceSpec, policy_cfg) -> ActorCritic:
     return ActorCritic(spec, pi_layers=policy_cfg.pi_layers, vf_layers=policy_cfg.vf_layers,
                        activation=policy_cfg.activation, ortho_init=policy_cfg.ortho_init,
                        log_std_init=policy_cfg.log_std_init, layer=getattr(policy_cfg, "layer", "dense"),
-                       align=getattr(policy_cfg, "align", 16))
+                       align=getattr(policy_cfg, "align", 16), share_features=policy_cfg.share_features,
+                       cnn_channels=policy_cfg.cnn_channels, cnn_features_dim=policy_cfg.cnn_features_dim)

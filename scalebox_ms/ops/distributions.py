@@ -44,3 +44,51 @@ def gaussian_entropy(log_std, batch_like):
 def gaussian_sample(mean, log_std, normal_noise):
     return mean + ops.exp(log_std) * normal_noise
 
+
+
+# -- MultiDiscrete: independent Categoricals over column segments of one logits row ---------------------------
+def multi_categorical_sample(logits, gumbel_noise, segments):
+    """(B, len(segments)) int32: Gumbel-max per component; ``segments`` are static (start, end) column pairs."""
+    return ops.stack([categorical_sample(logits[:, s:e], gumbel_noise[:, s:e]) for s, e in segments], 1)
+
+
+def multi_categorical_log_prob(logits, actions, segments):
+    """Sum over components of log pi(a_i|s)."""
+    out = None
+    for i, (s, e) in enumerate(segments):
+        lp = categorical_log_prob(logits[:, s:e], actions[:, i])
+        out = lp if out is None else out + lp
+    return out
+
+
+def multi_categorical_entropy(logits, segments):
+    out = None
+    for s, e in segments:
+        h = categorical_entropy(logits[:, s:e])
+        out = h if out is None else out + h
+    return out
+
+
+def multi_categorical_mode(logits, segments):
+    return ops.stack([ops.argmax(logits[:, s:e], -1).astype(ms.int32) for s, e in segments], 1)
+
+
+# -- MultiBinary: independent Bernoullis with logits l, p = sigmoid(l) ----------------------------------------
+def bernoulli_sample(logits, logistic_noise):
+    """1[l + g > 0] for g ~ Logistic(0, 1): exactly Bernoulli(sigmoid(l)) (the binary Gumbel-max trick)."""
+    return (logits + logistic_noise > 0).astype(ms.int32)
+
+
+def bernoulli_log_prob(logits, actions):
+    """Sum over bits of a log p + (1 - a) log(1 - p), with log p = -softplus(-l), log(1 - p) = -softplus(l)."""
+    a = actions.astype(logits.dtype)
+    return -(a * ops.softplus(-logits) + (1.0 - a) * ops.softplus(logits)).sum(-1)
+
+
+def bernoulli_entropy(logits):
+    """Sum over bits of -p log p - (1 - p) log(1 - p) = softplus(l) - p l."""
+    return (ops.softplus(logits) - ops.sigmoid(logits) * logits).sum(-1)
+
+
+def bernoulli_mode(logits):
+    return (logits > 0).astype(ms.int32)

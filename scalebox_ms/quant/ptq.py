@@ -163,6 +163,12 @@ class DynamicQuantizer:
         else:
             pi = getattr(model, "pi_net", None)
             spec = getattr(model, "spec", None)
+        if getattr(model, "features", None) is not None:
+            raise ConfigError("quantize: the INT8 policy implements MLPs; the NatureCNN of image observations is not "
+                              "quantized yet (export without --int8)")
+        if spec is not None and spec.action_kind not in ("discrete", "box"):
+            raise ConfigError(f"quantize: the INT8 policy implements Discrete and Box actions, not {spec.action_kind}; "
+                              "export without --int8")
         layers = _dense_layers(pi) if hasattr(pi, "cells") else []
         if not layers:
             raise ConfigError(f"quantize: {type(model).__name__} has no policy Dense layers to quantize")
@@ -216,7 +222,7 @@ def collect_calibration_data(trainer, steps: int, seed: int = 12_345) -> np.ndar
         raise ConfigError(f"calibrate_steps: must be an integer >= 1, got {steps!r}")
     cfg = trainer.config.env
     n = min(cfg.num_envs, 8, steps)
-    env = make_vec_env(cfg.id, n, cfg.kwargs, **isolation_kwargs(trainer))
+    env = make_vec_env(cfg.id, n, cfg.kwargs, evaluation=True, **isolation_kwargs(trainer))
     try:
         obs, _ = env.reset(seed=seed)
         seen = []

@@ -27,6 +27,7 @@ class RolloutCollector:
     def __init__(self, config, sandbox, rng: np.random.Generator, num_envs: int, rank: int = 0,
                  reducer=None):
         from ..envs import ObsNormalizer, RewardScaler, make_vec_env, space_spec
+        from ..envs.obs_encoding import ObsEncoder
 
         e = config.env
         self.env_id = e.id
@@ -36,12 +37,27 @@ class RolloutCollector:
         self.env = make_vec_env(e.id, num_envs, e.kwargs, isolation=getattr(sandbox, "isolation_level", "none"),
                                 step_timeout=getattr(sandbox, "step_timeout", 10.0),
                                 worker_memory_limit=getattr(sandbox, "worker_memory_limit_bytes", None),
-                                backend=e.backend)
-        self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id)
-        if not self.spec.discrete:  # Box bounds for clipping the sampled actions, once
+                                backend=e.backend, preprocess=e.preprocess)
+        from ..envs.atari import resolve
+
+        # Atari: episode statistics are whole games with raw rewards (info["game_return"], envs.atari.GameStats),
+        # not the lives with clipped rewards that training sees as episodes
+        self.game_stats = resolve(e.preprocess, e.id) == "atari"
+        features = config.policy.features
+        try:
+            self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id, features)
+        except Exception:
+            self.env.close()
+            raise
+        #: gymnasium observations -> flat float32 vectors (one-hot Discrete parts, Dict/Tuple side by side), or
+        #: uint8 (C, H, W) images
+        self.encoder = ObsEncoder(self.env.single_observation_space, e.id, features)
+        if self.spec.action_kind == "box":  # Box bounds for clipping the sampled actions, once
             self._low = np.asarray(self.spec.low, np.float32)
             self._high = np.asarray(self.spec.high, np.float32)
-        self.obs_normalizer = ObsNormalizer(self.spec.obs_dim, e.clip_obs) if e.normalize_obs else None
+        # images are never normalised (the CNN scales them by 1/255)
+        self.obs_normalizer = (ObsNormalizer(self.spec.obs_dim, e.clip_obs, mask=self.encoder.normalize_mask)
+                               if e.normalize_obs and not self.spec.image else None)
         self.reward_scaler = (RewardScaler(num_envs, config.ppo.gamma, e.clip_reward) if e.normalize_reward
                               else None)
         if reducer is not None:  # data parallel: statistics merged over all ranks' envs
@@ -55,29 +71,51 @@ class RolloutCollector:
         self.episodes = 0
         # in-flight env state between rollouts
         self.obs: Optional[np.ndarray] = None             # normalised obs the policy sees next
-        self.raw_obs: Optional[np.ndarray] = None         # the same, as the env returned it (replay buffers)
+        self.raw_obs: Optional[np.ndarray] = None         # the same, encoded but not normalised (replay buffers)
         self.valid = np.ones(num_envs, bool)              # False: the next step is an autoreset step
         self.ep_return = np.zeros(num_envs, np.float64)
         self.ep_length = np.zeros(num_envs, np.int64)
 
     # ------------------------------------------------------------------ observations and actions
+    def encode(self, obs) -> np.ndarray:
+        """A batch of observations as the env returns them -> float32 (batch, obs_dim) (:mod:`..envs.obs_encoding`)."""
+        return self.encoder.encode(obs)
+
     def normalize_obs(self, obs: np.ndarray, update: bool = False) -> np.ndarray:
+        """Normalise an encoded (batch, obs_dim) batch (unchanged without ``env.normalize_obs``, and images)."""
+        if self.spec.image:
+            return obs
         obs = np.asarray(obs, np.float32).reshape(obs.shape[0], -1)
         if self.obs_normalizer is None:
             return obs
         return self.obs_normalizer(obs, update=update)
 
     def noise(self, n: int, rng: Optional[np.random.Generator] = None) -> np.ndarray:
-        """Sampling noise for ``n`` actions: Gumbel (Categorical) or standard normal (Gaussian)."""
+        """Sampling noise for ``n`` actions: Gumbel (Categorical, one per logit), standard logistic (Bernoulli) or
+        standard normal (Gaussian)."""
         rng = self.rng if rng is None else rng
-        if self.spec.discrete:
-            return rng.gumbel(size=(n, self.spec.action_dim)).astype(np.float32)
-        return rng.standard_normal(size=(n, self.spec.action_dim)).astype(np.float32)
+        kind, width = self.spec.action_kind, self.spec.logits_dim
+        if kind in ("discrete", "multidiscrete"):
+            return rng.gumbel(size=(n, width)).astype(np.float32)
+        if kind == "multibinary":
+            return rng.logistic(size=(n, width)).astype(np.float32)
+        return rng.standard_normal(size=(n, width)).astype(np.float32)
 
     def env_actions(self, actions: np.ndarray) -> np.ndarray:
-        if self.spec.discrete:
+        kind = self.spec.action_kind
+        if kind == "discrete":
             return actions.astype(np.int64)
+        if kind == "multidiscrete":
+            return actions.astype(np.int64) + np.asarray(self.spec.action_start, np.int64)
+        if kind == "multibinary":
+            return actions.astype(np.int8)
         return np.clip(actions, self._low, self._high)
+
+    def unpack_actions(self, packed: np.ndarray) -> np.ndarray:
+        """The action columns of a packed ``[action | log_prob | value]`` acting output, in the storage dtype."""
+        if self.spec.action_kind == "discrete":
+            return packed[:, 0].astype(np.int32)
+        return packed[:, :-2].astype(np.int32) if self.spec.integer_actions else packed[:, :-2]
 
     def _check_finite(self, raw_obs, reward, step: int) -> None:
         for what, value in (("observation", raw_obs), ("reward", reward)):
@@ -93,8 +131,9 @@ class RolloutCollector:
 
     def reset(self, seed: Optional[int], step: int = 0) -> None:
         obs, _ = self.env.reset(seed=seed)
+        obs = self.encode(obs)
         self._check_finite(obs, None, step)
-        self.raw_obs = np.asarray(obs, np.float32).reshape(self.num_envs, -1)
+        self.raw_obs = obs
         self.obs = self.normalize_obs(obs, update=True)
         self.valid[:] = True
         self.ep_return[:] = 0.0
@@ -115,10 +154,11 @@ class RolloutCollector:
             t0 = clock()
             out = act_packed(ms.Tensor(obs), ms.Tensor(self.noise(N))).asnumpy()
             t1 = clock()
-            action = out[:, 0].astype(np.int32) if self.spec.discrete else out[:, :-2]
+            action = self.unpack_actions(out)
             log_prob, value = out[:, -2], out[:, -1]
-            raw_obs, reward, terminated, truncated, _ = self.env.step(self.env_actions(action))
+            raw_obs, reward, terminated, truncated, info = self.env.step(self.env_actions(action))
             t_env += clock() - t1
+            raw_obs = self.encode(raw_obs)
             t_act += t1 - t0
             self._check_finite(raw_obs, reward, step + t * N)
             valid = self.valid
@@ -126,7 +166,7 @@ class RolloutCollector:
             terminated = np.asarray(terminated, bool) & valid
             truncated = np.asarray(truncated, bool) & valid
             done = terminated | truncated
-            storage.rewards[t] = self._account_step(reward, done, valid)
+            storage.rewards[t] = self._account_step(reward, done, valid, info)
             storage.obs[t] = obs
             storage.actions[t] = action
             storage.log_probs[t] = log_prob
@@ -139,14 +179,22 @@ class RolloutCollector:
             self.valid = ~done
         return t_act, t_env
 
-    def _account_step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """Episode statistics (raw rewards) and the training reward (scaled if configured, 0 on autoreset steps)."""
+    def _account_step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray, info=None) -> np.ndarray:
+        """Episode statistics (raw rewards; Atari: whole games from ``info``) and the training reward (scaled if
+        configured, 0 on autoreset steps)."""
         self.ep_return += np.where(valid, reward, 0.0)
         self.ep_length += valid
-        for i in np.flatnonzero(done):
-            self.episode_returns.append(float(self.ep_return[i]))
-            self.episode_lengths.append(int(self.ep_length[i]))
-            self.episodes += 1
+        if self.game_stats:
+            ended = np.flatnonzero(info.get("_game_return", ())) if info else ()
+            for i in ended:
+                self.episode_returns.append(float(info["game_return"][i]))
+                self.episode_lengths.append(int(info["game_length"][i]))
+                self.episodes += 1
+        else:
+            for i in np.flatnonzero(done):
+                self.episode_returns.append(float(self.ep_return[i]))
+                self.episode_lengths.append(int(self.ep_length[i]))
+                self.episodes += 1
         self.ep_return[done] = 0.0
         self.ep_length[done] = 0
         train_reward = (self.reward_scaler(reward, done, valid) if self.reward_scaler is not None

@@ -125,8 +125,10 @@ class Trainer:
         """Rank r's vector env gets seeds seed + r * n_local + i: the union over ranks is the single-process set."""
         return seed + self.dist.rank * self.num_envs
 
-    def normalize_obs(self, obs: np.ndarray, update: bool = False) -> np.ndarray:
-        return self.collector.normalize_obs(obs, update=update)
+    def normalize_obs(self, obs, update: bool = False) -> np.ndarray:
+        """A batch of observations as the env returns them (arrays, or dicts/tuples of arrays for Dict/Tuple
+        spaces) -> the encoded, normalised float32 (batch, obs_dim) the networks take."""
+        return self.collector.normalize_obs(self.collector.encode(obs), update=update)
 
     def _check_horizon(self, total_steps: Optional[int], until: Optional[int]) -> int:
         """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at."""
@@ -139,13 +141,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ inference
     def predict(self, obs, deterministic: bool = True, rng: Optional[np.random.Generator] = None) -> np.ndarray:
-        """Actions for one observation (obs_dim,) or a batch (B, obs_dim), normalised with the run's statistics.
+        """Actions for one observation or a batch, as the env returns them (Dict/Tuple spaces: a dict/tuple of
+        parts), encoded and normalised with the run's statistics.
 
         Stochastic actions draw their noise from ``rng``, or from the trainer's own predict stream (seeded from
         ``run.seed``, separate from the training stream)."""
-        obs = np.asarray(obs, np.float32)
-        single = obs.ndim == len(self.env.single_observation_space.shape)
-        batch = self.normalize_obs(obs[None] if single else obs, update=False)
+        encoder = self.collector.encoder
+        if encoder.plain:
+            obs = np.asarray(obs, np.float32)
+        single = encoder.is_single(obs)
+        if single:
+            obs = obs[None] if encoder.plain else _batch_of_one(obs)
+        batch = self.normalize_obs(obs, update=False)
         if deterministic:
             actions = self._act_deterministic(batch)
         else:
@@ -203,3 +210,12 @@ class Trainer:
 
     def close(self) -> None:
         self.collector.close()
+
+
+def _batch_of_one(obs):
+    """One Dict/Tuple/Discrete observation as a batch of one (the same nesting, each leaf with a batch axis)."""
+    if isinstance(obs, dict):
+        return {k: _batch_of_one(v) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_batch_of_one(v) for v in obs)
+    return np.asarray(obs)[None]

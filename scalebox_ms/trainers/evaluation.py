@@ -50,12 +50,14 @@ def isolation_kwargs(trainer) -> dict:
     """``make_vec_env`` isolation arguments for envs like ``trainer``'s own (see ``PPOTrainer``)."""
     sb = getattr(trainer, "sandbox", None)
     return {"isolation": getattr(sb, "isolation_level", "none"), "step_timeout": getattr(sb, "step_timeout", 10.0),
-            "worker_memory_limit": getattr(sb, "worker_memory_limit_bytes", None)}
+            "worker_memory_limit": getattr(sb, "worker_memory_limit_bytes", None),
+            "preprocess": trainer.config.env.preprocess}
 
 
 def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndarray], np.ndarray], episodes: int,
                  seed: int = 10_000, max_envs: int = 16, *, isolation: str = "none", step_timeout: float = 10.0,
-                 worker_memory_limit: Optional[int] = None, max_restarts: Optional[int] = None) -> Returns:
+                 worker_memory_limit: Optional[int] = None, max_restarts: Optional[int] = None,
+                 preprocess: str = "auto") -> Returns:
     """Play ``episodes`` full episodes with ``act(obs_batch) -> action_batch`` on new vector envs.
 
     Episodes are spread over ``min(episodes, max_envs)`` envs with fixed per-env targets (as SB3's
@@ -71,7 +73,7 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
     limit = episodes if max_restarts is None else int(max_restarts)
     n = min(episodes, max_envs)
     env = make_vec_env(env_id, n, env_kwargs, isolation=isolation, step_timeout=step_timeout,
-                       worker_memory_limit=worker_memory_limit)
+                       worker_memory_limit=worker_memory_limit, preprocess=preprocess, evaluation=True)
     events = getattr(env, "events", None)  # IsolatedVectorEnv's restart log; None without isolation
     result = Returns()
     try:

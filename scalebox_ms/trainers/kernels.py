@@ -54,6 +54,11 @@ def resolve_act_kernel(model, choice: str, num_envs: int) -> Tuple[str, str]:
     choice = checked_section("policy", act_kernel=choice).act_kernel  # the config's own check and message
     if choice in ("builtin", "custom"):
         return choice, "as configured"
+    if getattr(model, "features", None) is not None:
+        return "builtin", "image observations: the kernel implements MLPs, not the NatureCNN"
+    kind = getattr(model, "kind", "discrete")
+    if kind not in ("discrete", "box"):
+        return "builtin", f"{kind} actions: the kernel implements Discrete and Box actions"
 
     device = ms.get_context("device_target")
     if device != "CPU":
@@ -119,6 +124,10 @@ def select_update_kernel(config, model, optimizer, amp, world_size: int, device:
     from ..ops.custom import PPOUpdateKernel
 
     blockers = update_kernel_blockers(config, amp, world_size, device)
+    if getattr(model, "kind", "discrete") not in ("discrete", "box"):
+        blockers.insert(0, f"{model.kind} actions (the kernel implements Discrete and Box actions)")
+    if getattr(model, "features", None) is not None:
+        blockers.insert(0, "image observations (the kernel implements MLPs, not the NatureCNN)")
     if choice == "custom":
         if blockers:
             raise ConfigError(f"ppo.update_kernel: custom cannot run with {blockers[0]}; use builtin or auto")

@@ -28,11 +28,14 @@ def available_bytes() -> Optional[int]:
         return None
 
 
-def rollout_bytes(samples: int, obs_dim: int, action_width: int) -> int:
-    """Host bytes of one PPO iteration over ``samples`` = n_steps x envs of this process."""
-    storage = 4 * obs_dim + 4 * action_width + 4 * 3 + 3          # obs, actions, log-prob/value/reward, 3 flags
+def rollout_bytes(samples: int, obs_dim: int, action_width: int, image: bool = False) -> int:
+    """Host bytes of one PPO iteration over ``samples`` = n_steps x envs of this process (``image``: uint8
+    observations, copied once to the update's device store instead of into the packed features)."""
+    obs_bytes = obs_dim if image else 4 * obs_dim
+    storage = obs_bytes + 4 * action_width + 4 * 3 + 3           # obs, actions, log-prob/value/reward, 3 flags
     gae = 4 * 6                                                    # advantages, returns and 4 temporaries
-    update = 2 * 4 * (obs_dim + 5) + 2 * 4 * action_width          # packed features + actions, numpy and Tensor
+    features = 2 * obs_dim if image else 2 * 4 * obs_dim           # image store (numpy, Tensor) or packed obs
+    update = features + 2 * 4 * 5 + 2 * 4 * action_width          # packed features + actions, numpy and Tensor
     return int(samples) * (storage + gae + update)
 
 

@@ -76,11 +76,18 @@ class OffPolicyTrainer(Trainer):
         # env 0's generator from, so it would replay env 0's reset noise as exploration noise
         c = self._make_collector(cfg.env.num_envs, stream=2)
         spec = self.spec
-        if algo == "dqn" and not spec.discrete:
-            raise ConfigError(f"algo: dqn needs a Discrete action space; {cfg.env.id} has Box actions (use sac or td3)")
-        if algo != "dqn" and spec.discrete:
-            raise ConfigError(f"algo: {algo} needs a Box action space; {cfg.env.id} has Discrete actions (use dqn or "
-                              "ppo)")
+        if spec.image:
+            c.close()
+            raise ConfigError(f"algo: {algo} does not take image observations yet (its replay buffer stores float "
+                              "vectors); use ppo, or policy.features: mlp to flatten the images")
+        names = {"discrete": "Discrete", "box": "Box", "multidiscrete": "MultiDiscrete", "multibinary": "MultiBinary"}
+        has = names[spec.action_kind]
+        if algo == "dqn" and spec.action_kind != "discrete":
+            raise ConfigError(f"algo: dqn needs a Discrete action space; {cfg.env.id} has {has} actions (use "
+                              f"{'sac or td3' if has == 'Box' else 'ppo'})")
+        if algo != "dqn" and spec.action_kind != "box":
+            raise ConfigError(f"algo: {algo} needs a Box action space; {cfg.env.id} has {has} actions (use "
+                              f"{'dqn or ppo' if has == 'Discrete' else 'ppo'})")
         N = c.num_envs
         self.phase_rows = o.train_freq * N
         if self.phase_rows > o.buffer_size:
@@ -256,16 +263,16 @@ class OffPolicyTrainer(Trainer):
                 else:
                     buf_a, env_a = self._explore(self._policy, rng, N)
                 t1 = clock()
-                raw, reward, terminated, truncated, _ = c.env.step(env_a)
+                raw, reward, terminated, truncated, info = c.env.step(env_a)
                 t_env += clock() - t1
                 t_act += t1 - t0
+                raw = c.encode(raw)
                 c._check_finite(raw, reward, self.global_step)
-                raw = np.asarray(raw, np.float32).reshape(N, -1)
                 valid = c.valid
                 reward = np.asarray(reward, np.float64)
                 terminated = np.asarray(terminated, bool) & valid
                 done = terminated | (np.asarray(truncated, bool) & valid)
-                c._account_step(reward, done, valid)
+                c._account_step(reward, done, valid, info)
                 obs_b[t], next_b[t], act_b[t] = c.raw_obs, raw, buf_a
                 rew_b[t], term_b[t], valid_b[t] = reward, terminated, valid
                 c.raw_obs = raw

@@ -92,9 +92,13 @@ class PPOTrainer(Trainer):
 
             reducer = moments_reducer(self.dist)
         self._make_collector(n_local, rank=self.dist.rank, reducer=reducer)
-        width = 1 if self.spec.discrete else self.spec.action_dim
+        if self.spec.image and (self.amp is not None or W > 1):
+            self.collector.close()
+            raise ConfigError(f"{'amp.level' if self.amp is not None else 'parallel.workers'}: image observations "
+                              "(NatureCNN) train in float32 in one process only for now")
+        width = self.spec.action_width
         check_fits("ppo.n_steps", f"a rollout of ppo.n_steps x env.num_envs = {p.n_steps} x {n_local} samples",
-                   rollout_bytes(p.n_steps * n_local, self.spec.obs_dim, width),
+                   rollout_bytes(p.n_steps * n_local, self.spec.obs_dim, width, image=self.spec.image),
                    getattr(sandbox, "memory_limit_bytes", None))
         self.model = build_model(self.spec, config.policy)
         if self.amp is not None:
@@ -104,7 +108,7 @@ class PPOTrainer(Trainer):
         self.value_step = ValueStep(self.model)
         self.deterministic_step = DeterministicStep(self.model)
         self.update_step = PPOUpdateStep(self.model, p, micro_batches=micro_batches(config), amp=self.amp,
-                                         world_size=W)
+                                         world_size=W, rollout_rows=p.n_steps * n_local)
         kernel = select_update_kernel(config, self.model, self.update_step.optimizer, self.amp, W, device)
         if kernel is not None:  # same model Parameters and Adam state, the whole update in one C++ call
             self.update_step = kernel
@@ -160,9 +164,9 @@ class PPOTrainer(Trainer):
         for cb in callbacks:
             cb.on_training_start(self)
         p = self.config.ppo
-        act_shape = () if self.spec.discrete else (self.spec.action_dim,)
-        storage = RolloutStorage(p.n_steps, self.num_envs, self.spec.obs_dim, act_shape,
-                                 np.int32 if self.spec.discrete else np.float32)
+        storage = RolloutStorage(p.n_steps, self.num_envs, self.spec.obs_shape, self.spec.action_shape,
+                                 np.int32 if self.spec.integer_actions else np.float32,
+                                 np.uint8 if self.spec.image else np.float32)
         kl_limit = ms.Tensor(np.float32(np.inf if p.target_kl is None else 1.5 * p.target_kl))
         clip_vf = ms.Tensor(np.float32(p.clip_range_vf if p.clip_range_vf is not None else np.inf))
         while self.global_step < stop_at:

@@ -136,10 +136,22 @@ class PPOUpdateStep(nn.Cell):
     finite -- with AMP also on a loss-scale overflow -- and ``loss_scale`` is 1 without AMP).
     """
 
-    def __init__(self, model, ppo_cfg, micro_batches: int = 1, amp=None, world_size: int = 1):
+    def __init__(self, model, ppo_cfg, micro_batches: int = 1, amp=None, world_size: int = 1,
+                 rollout_rows: int = 0):
         super().__init__(auto_prefix=False)
         self.model = model
         self.obs_dim = model.spec.obs_dim
+        # image observations stay uint8 in a device store of the whole rollout (``rollout_rows`` frames), written
+        # once per update by load_rollout_obs; the packed features then carry no observation columns
+        self.image = model.spec.image
+        if self.image:
+            import numpy as np
+            from mindspore import Parameter, Tensor
+
+            self.obs_dim = 0
+            self.rollout_obs = Parameter(Tensor(np.zeros((rollout_rows,) + tuple(model.spec.image_shape), np.uint8)),
+                                         name="rollout_obs", requires_grad=False)
+            self._obs_writer = None
         self.loss_fn = PPOLoss(model, ppo_cfg.ent_coef, ppo_cfg.vf_coef, ppo_cfg.clip_range_vf is not None,
                                ppo_cfg.normalize_advantage)
         self.normalize_advantage = ppo_cfg.normalize_advantage
@@ -164,6 +176,14 @@ class PPOUpdateStep(nn.Cell):
         self.objective = _Objective(self.loss_fn, self.use_amp)
         self.grad_fn = ms.value_and_grad(self.objective, None, self.optimizer.parameters, has_aux=True)
 
+    def load_rollout_obs(self, obs) -> None:
+        """Image observations: write the rollout's uint8 frames (rows in the order of the features) to the store."""
+        from ..ops.assign import AssignParameters
+
+        if self._obs_writer is None:
+            self._obs_writer = AssignParameters([self.rollout_obs])
+        self._obs_writer.write([ms.Tensor(obs)])
+
     def state_parameters(self):
         """Parameters besides the model's and Adam's that belong in a checkpoint (the loss scaler's)."""
         return [self.loss_scale, self.good_steps, self.skipped_steps] if self.use_amp else []
@@ -177,7 +197,8 @@ class PPOUpdateStep(nn.Cell):
         f = ops.gather(features, indices, 0)
         a = ops.gather(actions, indices, 0)
         d = self.obs_dim
-        obs, old_log_prob, old_values = f[:, :d], f[:, d + FEAT.old_log_prob], f[:, d + FEAT.old_value]
+        obs = ops.gather(self.rollout_obs, indices, 0) if self.image else f[:, :d]
+        old_log_prob, old_values = f[:, d + FEAT.old_log_prob], f[:, d + FEAT.old_value]
         adv, returns, mask = f[:, d + FEAT.advantage], f[:, d + FEAT.returns], f[:, d + FEAT.mask]
         # minibatch statistics (over all ranks' shares when distributed)
         if self.distributed:

@@ -113,8 +113,12 @@ class UpdateRunner:
         from .autobatch import halve, is_oom_error
         from .ppo_update import pack_features
 
-        B = batch["obs"].shape[0]
-        tensors = [ms.Tensor(pack_features(batch["obs"], batch["log_probs"], batch["values"], batch["advantages"],
+        obs = batch["obs"]
+        B = obs.shape[0]
+        if obs.ndim > 2:  # image frames: kept as uint8 in the update step's store, not in the float32 features
+            self.run_minibatches.step.load_rollout_obs(obs)
+            obs = np.zeros((B, 0), np.float32)
+        tensors = [ms.Tensor(pack_features(obs, batch["log_probs"], batch["values"], batch["advantages"],
                                            batch["returns"], batch["mask"])), ms.Tensor(batch["actions"])]
         scalars = [ms.Tensor(np.float32(lr)), ms.Tensor(np.float32(clip)), clip_vf, kl_limit]
         if self.batch_size is None:

@@ -90,6 +90,8 @@ OUTSIDE_THE_UPDATE = frozenset({
     "policy.ortho_init", "policy.log_std_init",  # initial weights
     "policy.layer", "policy.align",  # the model's storage: _describe refuses anything but layer='dense'
     "policy.act_kernel",  # the acting call
+    # the image feature extractor: _describe refuses models with one (and the multi-discrete/binary heads)
+    "policy.features", "policy.share_features", "policy.cnn_channels", "policy.cnn_features_dim",
 })
 
 
@@ -136,6 +138,10 @@ def _describe(model):
     """(meta int32 list, [LayerInfo] policy, [LayerInfo] value) of a supported ActorCritic."""
     if getattr(model, "layer", "dense") != "dense":
         _fail(f"needs layer='dense' models, got layer={model.layer!r}")
+    if getattr(model, "features", None) is not None:
+        _fail("implements MLPs on flat observations, not the NatureCNN of image observations; use PPOUpdateStep")
+    if model.spec.action_kind not in ("discrete", "box"):
+        _fail(f"implements Discrete and Box actions, not {model.spec.action_kind}; use PPOUpdateStep")
     if getattr(model, "amp_level", "O0") != "O0" or getattr(model, "head_dtype", None) is not None:
         _fail("computes in float32 and cannot update an AMP-cast model; use PPOUpdateStep")
     pi, vf = mlp_layers(model.pi_net), mlp_layers(model.vf_net)

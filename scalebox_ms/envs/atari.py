@@ -1,0 +1,129 @@
+"""Atari's standard preprocessing (``env.preprocess: atari``), from gymnasium's and ale-py's own pieces.
+
+Training envs, innermost first (the order of Stable-Baselines3's ``AtariWrapper`` + ``VecFrameStack``):
+
+1. :class:`GameStats` -- the raw game's return and length (frames), put into ``info["game_return"]`` /
+   ``info["game_length"]`` when the game ends (SB3's ``Monitor``): the episode statistics scalebox_ms reports
+   for Atari are whole games with unclipped rewards, not lives with clipped rewards.
+2. ``gymnasium.wrappers.AtariPreprocessing`` -- up to 30 no-op actions on reset, frame skip 4 with max-pooling
+   over the last two frames, 84x84 greyscale (the base env is made with ``frameskip=1``; ALE v5's sticky actions,
+   ``repeat_action_probability=0.25``, stay as ale-py sets them).
+3. :class:`EpisodicLife` -- a lost life ends the *training* episode (``terminated``), and the reset that follows
+   continues the same game with a no-op step instead of restarting it (SB3's ``EpisodicLifeEnv``; gymnasium's
+   ``terminal_on_life_loss`` restarts the game instead).
+4. ``gymnasium.wrappers.TransformReward(np.sign)`` -- rewards clipped to their sign.
+5. ``gymnasium.wrappers.FrameStackObservation(4)`` -- the last 4 frames, uint8 ``(4, 84, 84)``.
+
+Evaluation envs (``evaluation=True``) get 2 and 5 only: whole games with unclipped rewards. SB3's ``FireResetEnv``
+(pressing FIRE after a reset) is not applied: the policy learns to press it.
+
+This module imports gymnasium and numpy only, so process-isolated workers (:mod:`.isolated`) can use it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+FRAME_STACK = 4
+
+
+def is_atari(env_id: str) -> bool:
+    """An ale-py env id (``ALE/Breakout-v5``, or ``ale_py:ALE/...``)."""
+    return env_id.split(":", 1)[-1].startswith("ALE/")
+
+
+def resolve(preprocess: str, env_id: str) -> str:
+    """``env.preprocess`` 'auto' -> 'atari' for ale-py envs, else 'none'."""
+    if preprocess == "auto":
+        return "atari" if is_atari(env_id) else "none"
+    return preprocess
+
+
+def make_kwargs(preprocess: str, kwargs: dict) -> dict:
+    """The base env's keyword arguments: AtariPreprocessing skips frames itself, so ALE must not."""
+    if preprocess == "atari":
+        return {"frameskip": 1, **kwargs}
+    return dict(kwargs)
+
+
+def wrappers(preprocess: str, evaluation: bool = False) -> list:
+    """The wrapper constructors to apply to each sub-env, innermost first."""
+    if preprocess != "atari":
+        return []
+    import gymnasium as gym
+
+    def preprocessing(env):
+        return gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+                                               terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+
+    def stack(env):
+        return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
+
+    if evaluation:
+        return [preprocessing, stack]
+    return [GameStats, preprocessing, EpisodicLife, lambda env: gym.wrappers.TransformReward(env, np.sign), stack]
+
+
+def wrap(env, preprocess: str, evaluation: bool = False):
+    for w in wrappers(preprocess, evaluation):
+        env = w(env)
+    return env
+
+
+def import_ale() -> None:
+    """ale-py registers the ``ALE/`` ids with gymnasium when imported."""
+    from ..errors import ConfigError
+
+    try:
+        import ale_py  # noqa: F401
+    except ImportError:
+        raise ConfigError("env.id: Atari envs need ale-py and opencv: pip install -e \".[atari]\"") from None
+
+
+def _gym_wrapper():
+    import gymnasium as gym
+
+    return gym.Wrapper
+
+
+class GameStats(_gym_wrapper()):
+    """Whole-game return and length (raw frames) in ``info`` at the step the game ends."""
+
+    def reset(self, **kwargs):
+        self.game_return, self.game_length = 0.0, 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_return += float(reward)
+        self.game_length += 1
+        if terminated or truncated:
+            info = {**info, "game_return": self.game_return, "game_length": self.game_length}
+        return obs, reward, terminated, truncated, info
+
+
+class EpisodicLife(_gym_wrapper()):
+    """A lost life is a terminal state for training; the game itself goes on (reset = one no-op step)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info

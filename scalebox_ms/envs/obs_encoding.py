@@ -1,0 +1,201 @@
+"""Observations of any supported gymnasium space as one flat float32 vector per env (SB3's ``preprocess_obs``).
+
+Every observation space is a tree whose leaves are ``Box``, ``Discrete``, ``MultiDiscrete`` or ``MultiBinary``,
+joined by ``Dict`` (in the space's own key order, as ``gymnasium.spaces.flatten`` walks it) and ``Tuple`` (by
+index). :class:`ObsEncoder` walks that tree once and lays the leaves side by side:
+
+=================== ======================================== ===================== ==========
+leaf                columns                                   values                normalised
+=================== ======================================== ===================== ==========
+``Box``             prod(shape), flattened in C order         the observation       yes
+``Discrete(n)``     n                                         one-hot of obs-start  no
+``MultiDiscrete``   sum(nvec), one one-hot per component      one-hot of obs-start  no
+``MultiBinary``     prod(shape)                               0 / 1                 no
+=================== ======================================== ===================== ==========
+
+Observation normalisation (``env.normalize_obs``) applies to the ``Box`` columns only
+(:attr:`ObsEncoder.normalize_mask`); one-hots and bits reach the network as they are. A plain ``Box`` space is
+the common case and encodes exactly as before this module existed: ``float32`` and flattened.
+
+The encoding runs on the host, once per vector step, so everything downstream (rollout storage, replay buffers,
+the compiled acting and update graphs, the C++ MLP kernels) sees a flat ``(batch, obs_dim)`` float32 array.
+
+**Images** (``features='auto'`` or ``'nature_cnn'``): an observation space that is itself an image ``Box``
+(uint8, three dimensions, bounds 0 and 255: SB3's ``is_image_space``) is not flattened. It stays uint8,
+channels first (``(C, H, W)``; a channels-last space, detected as SB3 does by the position of the smallest
+dimension, is transposed), and the network scales it by 1/255 in the graph (:class:`~scalebox_ms.models.cnn.NatureCNN`).
+Images are never normalised. An image inside a Dict/Tuple is refused with ``features='auto'`` (a CNN per part
+is not implemented); ``features='mlp'`` flattens images like any Box.
+Exported MindIR policies take the raw leaves instead, one input per leaf in :attr:`ObsEncoder.leaves` order, and
+encode them inside the graph (:class:`scalebox_ms.models.obs_encoder.ObsEncoderCell`, tested against this one).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import ConfigError, TrainingError, short_repr
+
+LEAF_KINDS = ("box", "discrete", "multidiscrete", "multibinary")
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One leaf of the observation space and its columns ``[offset, offset + width)`` in the encoded vector."""
+
+    path: Tuple[Any, ...]           # keys (Dict) and indices (Tuple) from the root; () for a non-composite space
+    kind: str                       # one of LEAF_KINDS
+    shape: Tuple[int, ...]          # the leaf's own observation shape (() for Discrete)
+    offset: int
+    width: int
+    nvec: Tuple[int, ...] = ()      # discrete: (n,); multidiscrete: the flattened nvec
+    start: Tuple[int, ...] = ()     # discrete / multidiscrete: the flattened start values
+
+    @property
+    def name(self) -> str:
+        """``"obs"`` for a non-composite space, else the path joined with dots (``"position.0"``)."""
+        return ".".join(str(p) for p in self.path) if self.path else "obs"
+
+    @property
+    def input_dtype(self) -> str:
+        """dtype of this leaf's input in an exported MindIR policy."""
+        return "int32" if self.kind in ("discrete", "multidiscrete") else "float32"
+
+
+class ObsEncoder:
+    """gymnasium observations (a batch, or one observation) -> ``float32 (batch, obs_dim)``."""
+
+    def __init__(self, space, env_id: str = "env", features: str = "auto"):
+        from gymnasium import spaces
+
+        self.space = space
+        self.env_id = env_id
+        self.features = features
+        self.leaves: List[Leaf] = []
+        self._offset = 0
+        #: an image observation kept as uint8 (C, H, W) for a CNN
+        self.image = features != "mlp" and is_image_space(space)
+        if features == "nature_cnn" and not self.image:
+            raise ConfigError(f"policy.features: nature_cnn needs an image observation (uint8 Box of 3 dimensions "
+                              f"with bounds 0 and 255); {short_repr(env_id)} has {_describe(space)}")
+        self._walk(space, ())
+        self.obs_dim = self._offset
+        #: channels last in the env's space (HWC): transposed to CHW by the encoder
+        self.channels_last = self.image and int(np.argmin(space.shape)) != 0
+        shape = tuple(int(s) for s in space.shape) if self.image else (self.obs_dim,)
+        #: shape and dtype of one encoded observation
+        self.obs_shape = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        self.obs_dtype = np.uint8 if self.image else np.float32
+        #: a plain Box space: encoding is a float32 cast and a flatten, as it always was
+        self.plain = isinstance(space, spaces.Box) and not self.image
+        mask = np.zeros(self.obs_dim, bool)
+        for leaf in self.leaves:
+            if leaf.kind == "box":
+                mask[leaf.offset:leaf.offset + leaf.width] = True
+        #: True for the columns that observation normalisation applies to (the Box leaves')
+        self.normalize_mask = mask
+
+    def _walk(self, space, path) -> None:
+        from gymnasium import spaces
+
+        where = f"env.id: {short_repr(self.env_id)} has an observation"
+        if isinstance(space, spaces.Dict):
+            for key, sub in space.spaces.items():
+                self._walk(sub, path + (key,))
+        elif isinstance(space, spaces.Tuple):
+            for i, sub in enumerate(space.spaces):
+                self._walk(sub, path + (i,))
+        elif isinstance(space, spaces.Box):
+            if path and self.features == "auto" and is_image_space(space):
+                raise ConfigError(f"{where} part {'.'.join(map(str, path))} that is an image; images inside Dict/"
+                                  "Tuple observations are not supported yet (policy.features: mlp flattens them)")
+            self._add(path, "box", space.shape, int(np.prod(space.shape, dtype=np.int64)))
+        elif isinstance(space, spaces.Discrete):
+            self._add(path, "discrete", (), int(space.n), (int(space.n),), (int(space.start),))
+        elif isinstance(space, spaces.MultiDiscrete):
+            nvec = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
+            start = tuple(int(s) for s in np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).reshape(-1))
+            self._add(path, "multidiscrete", tuple(space.shape), sum(nvec), nvec, start)
+        elif isinstance(space, spaces.MultiBinary):
+            shape = tuple(int(n) for n in np.atleast_1d(space.n))
+            self._add(path, "multibinary", shape, int(np.prod(shape, dtype=np.int64)))
+        else:
+            part = f" part {'.'.join(map(str, path))}" if path else " space"
+            raise ConfigError(f"{where}{part} of type {type(space).__name__}; scalebox_ms supports Box, Discrete, "
+                              "MultiDiscrete and MultiBinary observations, and Dict/Tuple of them")
+
+    def _add(self, path, kind, shape, width, nvec=(), start=()) -> None:
+        self.leaves.append(Leaf(tuple(path), kind, tuple(int(s) for s in shape), self._offset, width, nvec, start))
+        self._offset += width
+
+    # ------------------------------------------------------------------ encoding
+    def _leaf_value(self, obs, leaf: Leaf):
+        for p in leaf.path:
+            obs = obs[p]
+        return obs
+
+    def is_single(self, obs) -> bool:
+        """Whether ``obs`` is one observation (not a batch), judged from its first leaf's dimensions."""
+        leaf = self.leaves[0]
+        return np.ndim(self._leaf_value(obs, leaf)) == len(leaf.shape)
+
+    def leaf_arrays(self, obs) -> List[np.ndarray]:
+        """The batch's leaves in :attr:`leaves` order, each ``(batch, *leaf.shape)`` in its input dtype."""
+        out = []
+        for leaf in self.leaves:
+            x = np.asarray(self._leaf_value(obs, leaf))
+            out.append(x.astype(np.int32 if leaf.input_dtype == "int32" else np.float32, copy=False)
+                       .reshape((-1,) + leaf.shape))
+        return out
+
+    def encode(self, obs) -> np.ndarray:
+        """A batch of observations -> ``float32 (batch, obs_dim)`` (images: ``uint8 (batch, C, H, W)``)."""
+        if self.image:
+            obs = np.asarray(obs, np.uint8)
+            return np.ascontiguousarray(obs.transpose(0, 3, 1, 2)) if self.channels_last else obs
+        if self.plain:
+            obs = np.asarray(obs, np.float32)
+            return obs.reshape(obs.shape[0], -1)
+        arrays = self.leaf_arrays(obs)
+        B = arrays[0].shape[0]
+        out = np.zeros((B, self.obs_dim), np.float32)
+        for leaf, x in zip(self.leaves, arrays):
+            cols = slice(leaf.offset, leaf.offset + leaf.width)
+            if leaf.kind in ("box", "multibinary"):
+                out[:, cols] = x.reshape(B, -1)
+                continue
+            idx = x.reshape(B, -1).astype(np.int64) - np.asarray(leaf.start, np.int64)
+            bounds = np.asarray(leaf.nvec, np.int64)
+            if (idx < 0).any() or (idx >= bounds).any():
+                bad = np.argwhere((idx < 0) | (idx >= bounds))[0]
+                raise TrainingError(f"env {self.env_id!r} returned observation {leaf.name} = "
+                                    f"{int(idx[tuple(bad)] + leaf.start[bad[1]])} at env index {int(bad[0])}, "
+                                    f"outside its space ({leaf.kind} {list(leaf.nvec)}, start {list(leaf.start)})")
+            col0 = leaf.offset + np.concatenate([[0], np.cumsum(bounds)[:-1]])
+            out[np.arange(B)[:, None], col0[None, :] + idx] = 1.0
+        return out
+
+    def describe(self) -> Optional[list]:
+        """The leaves as JSON (None for a plain Box space): what an exported policy's inputs are."""
+        if self.plain or self.image:
+            return None
+        return [{"name": leaf.name, "path": list(leaf.path), "kind": leaf.kind, "shape": list(leaf.shape),
+                 "dtype": leaf.input_dtype, "columns": [leaf.offset, leaf.offset + leaf.width],
+                 **({"nvec": list(leaf.nvec), "start": list(leaf.start)} if leaf.nvec else {})}
+                for leaf in self.leaves]
+
+
+def is_image_space(space) -> bool:
+    """SB3's test: a uint8 Box of three dimensions whose bounds are 0 and 255."""
+    from gymnasium import spaces
+
+    return (isinstance(space, spaces.Box) and len(space.shape) == 3 and space.dtype == np.uint8
+            and bool(np.all(space.low == 0)) and bool(np.all(space.high == 255)))
+
+
+def _describe(space) -> str:
+    shape = getattr(space, "shape", None)
+    return f"{type(space).__name__}{'' if shape is None else ' of shape ' + str(tuple(shape))}" + (
+        f", dtype {space.dtype}" if getattr(space, "dtype", None) is not None else "")

@@ -1,0 +1,94 @@
+"""NatureCNN, the image feature extractor of Mnih et al. (2015) as Stable-Baselines3 builds it.
+
+uint8 ``(B, C, H, W)`` -> float32 / 255 -> Conv 8x8 stride 4 -> ReLU -> Conv 4x4 stride 2 -> ReLU -> Conv 3x3
+stride 1 -> ReLU -> flatten -> Dense(``features_dim``) -> ReLU. Convolutions are ``valid`` (no padding). The
+scaling is inside the graph, so rollout storage and exported policies take the frames as uint8. With orthogonal
+initialisation every layer gets gain sqrt(2) and zero biases (SB3's ``ortho_init`` for the extractor).
+
+:class:`Conv` holds ``nn.Conv2d``'s Parameters (``weight (out, in, k, k)``, ``bias (out,)``) and computes the
+convolution as im2col (``ops.unfold``) + one matmul on CPU, where MindSpore 2.10's ``Conv2D`` kernel ran NatureCNN's
+first layer 23x slower (``benchmarks/cnn_conv.py``; docs/performance.md); elsewhere it calls ``ops.conv2d``.
+Tests check both against ``nn.Conv2d``.
+"""
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+from mindspore import nn, ops
+from mindspore.common.initializer import HeUniform, Orthogonal, Zero, initializer
+
+from ..errors import ConfigError
+
+KERNELS = ((8, 4), (4, 2), (3, 1))  # (kernel size, stride) of the three convolutions
+
+
+class Conv(nn.Cell):
+    """A valid, strided 2-D convolution with ``nn.Conv2d``'s Parameters; ``im2col`` picks the CPU path."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: int, stride: int, weight_init, bias_init,
+                 im2col=None):
+        super().__init__()
+        self.weight = ms.Parameter(initializer(weight_init, [out_channels, in_channels, kernel, kernel], ms.float32),
+                                   name="weight")
+        self.bias = ms.Parameter(initializer(bias_init, [out_channels], ms.float32), name="bias")
+        self.kernel, self.stride = int(kernel), int(stride)
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.im2col = (ms.get_context("device_target") == "CPU") if im2col is None else bool(im2col)
+
+    def construct(self, x):
+        if not self.im2col:
+            return ops.conv2d(x, self.weight, self.bias, stride=self.stride, pad_mode="valid")
+        B, _, H, W = x.shape
+        k, s = self.kernel, self.stride
+        oh, ow = (H - k) // s + 1, (W - k) // s + 1
+        cols = ops.unfold(x, k, 1, 0, s)  # (B, C*k*k, oh*ow), the patch in (C, kh, kw) order like the weight
+        cols = cols.transpose(0, 2, 1).reshape(B * oh * ow, self.in_channels * k * k)
+        y = ops.matmul(cols, self.weight.reshape(self.out_channels, -1).T) + self.bias
+        return y.reshape(B, oh, ow, self.out_channels).transpose(0, 3, 1, 2)
+
+
+def conv_output_hw(h: int, w: int):
+    """Spatial size after the three valid convolutions."""
+    for k, s in KERNELS:
+        h, w = (h - k) // s + 1, (w - k) // s + 1
+    return h, w
+
+
+class NatureCNN(nn.Cell):
+    def __init__(self, image_shape, channels=(32, 64, 64), features_dim: int = 512, ortho: bool = True,
+                 im2col=None):
+        super().__init__()
+        c, h, w = (int(x) for x in image_shape)
+        oh, ow = conv_output_hw(h, w)
+        if oh < 1 or ow < 1:
+            raise ConfigError(f"policy.features: nature_cnn needs images of at least 36x36 pixels, got {h}x{w}")
+        gain = math.sqrt(2.0)
+        layers, in_c = [], c
+        for (k, s), out_c in zip(KERNELS, channels):
+            # without ortho_init: nn.Conv2d's defaults (HeUniform(sqrt(5)) weights, zero biases)
+            w_init = Orthogonal(gain=gain) if ortho else HeUniform(negative_slope=math.sqrt(5))
+            layers += [Conv(in_c, out_c, k, s, w_init, Zero(), im2col), nn.ReLU()]
+            in_c = out_c
+        self.conv = nn.SequentialCell(layers)
+        self.n_flatten = in_c * oh * ow
+        w_init = initializer(Orthogonal(gain=gain), [features_dim, self.n_flatten], ms.float32) if ortho else None
+        b_init = initializer(Zero(), [features_dim], ms.float32) if ortho else None
+        self.linear = (nn.Dense(self.n_flatten, features_dim, weight_init=w_init, bias_init=b_init) if ortho
+                       else nn.Dense(self.n_flatten, features_dim))
+        self.features_dim = int(features_dim)
+
+    def construct(self, obs):
+        x = obs.astype(ms.float32) * (1.0 / 255.0)
+        x = self.conv(x)
+        return ops.relu(self.linear(x.reshape(x.shape[0], -1)))
+
+    def macs(self, image_shape) -> int:
+        """Multiply-adds per image (convolutions and the Dense layer)."""
+        c, h, w = image_shape
+        total, in_c = 0, c
+        for (k, s), cell in zip(KERNELS, [m for m in self.conv.cells() if isinstance(m, Conv)]):
+            h, w = (h - k) // s + 1, (w - k) // s + 1
+            total += h * w * cell.out_channels * in_c * k * k
+            in_c = cell.out_channels
+        return total + self.n_flatten * self.features_dim

@@ -1,0 +1,95 @@
+"""Small learnable envs with the spaces scalebox_ms encodes beyond a flat Box (registered on import).
+
+* ``DictMatch-v0`` -- Dict observation {"position": Box(1,), "flag": Discrete(2)}; four actions. The right action
+  is ``2 * flag + (position > 0)``: a policy must read both parts. Reward 1 for the right action, 8 steps per
+  episode (best return 8, random 2).
+* ``MultiDiscreteMatch-v0`` -- Box(2,) observation in [-1, 1]; MultiDiscrete([3, 2]) action with start [1, 0].
+  Component 0 must name the third of [-1, 1] that obs[0] lies in (1, 2, 3), component 1 whether obs[1] > 0.
+  Reward 1 per right component, 8 steps (best return 16).
+* ``MultiBinaryMatch-v0`` -- Box(3,) observation; MultiBinary(3) action; reward 1 per bit equal to obs[i] > 0,
+  8 steps (best return 24).
+* ``WordsObs-v0`` -- a Dict observation with a Text part, which scalebox_ms cannot encode (for error tests).
+"""
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+EPISODE = 8
+
+
+class _Steps(gym.Env):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.state = self._draw()
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(self._reward(action))
+        self.t += 1
+        self.state = self._draw()
+        return self._obs(), reward, False, self.t >= EPISODE, {}
+
+
+class DictMatch(_Steps):
+    observation_space = spaces.Dict({"position": spaces.Box(-1.0, 1.0, (1,), np.float32), "flag": spaces.Discrete(2)})
+    action_space = spaces.Discrete(4)
+
+    def _draw(self):
+        return float(self.np_random.uniform(-1, 1)), int(self.np_random.integers(2))
+
+    def _obs(self):
+        return {"position": np.array([self.state[0]], np.float32), "flag": self.state[1]}
+
+    def _reward(self, action):
+        position, flag = self.state
+        return int(action) == 2 * flag + int(position > 0)
+
+
+class MultiDiscreteMatch(_Steps):
+    observation_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = spaces.MultiDiscrete([3, 2], start=[1, 0])
+
+    def _draw(self):
+        return self.np_random.uniform(-1, 1, 2).astype(np.float32)
+
+    def _obs(self):
+        return self.state.copy()
+
+    def _reward(self, action):
+        third = 1 + min(2, int((self.state[0] + 1.0) / (2.0 / 3.0)))
+        return (int(action[0]) == third) + (int(action[1]) == int(self.state[1] > 0))
+
+
+class MultiBinaryMatch(_Steps):
+    observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = spaces.MultiBinary(3)
+
+    def _draw(self):
+        return self.np_random.uniform(-1, 1, 3).astype(np.float32)
+
+    def _obs(self):
+        return self.state.copy()
+
+    def _reward(self, action):
+        return int((np.asarray(action).astype(bool) == (self.state > 0)).sum())
+
+
+class WordsObs(_Steps):
+    observation_space = spaces.Dict({"count": spaces.Discrete(3), "words": spaces.Text(5)})
+    action_space = spaces.Discrete(2)
+
+    def _draw(self):
+        return 0
+
+    def _obs(self):
+        return {"count": 0, "words": "hi"}
+
+    def _reward(self, action):
+        return 0
+
+
+for _name, _cls in (("DictMatch-v0", DictMatch), ("MultiDiscreteMatch-v0", MultiDiscreteMatch),
+                    ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs)):
+    if _name not in gym.registry:
+        gym.register(_name, entry_point=f"{__name__}:{_cls.__name__}")

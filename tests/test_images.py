@@ -1,0 +1,273 @@
+"""Image observations: uint8 frames kept as uint8, NatureCNN against a numpy forward pass, PPO learning an image
+env, MindIR export without scalebox_ms, refusals; Atari's preprocessing (ale-py) and a PPO run on Breakout."""
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import image_envs  # noqa: F401  (registers BrightSide-v0)
+from conftest import REPO
+from scalebox_ms import Config
+from scalebox_ms.envs import make_vec_env
+from scalebox_ms.envs.obs_encoding import ObsEncoder
+from scalebox_ms.errors import ConfigError
+from scalebox_ms.trainers import PPOTrainer
+from scalebox_ms.trainers.evaluation import evaluate_policy
+
+HWC = spaces.Box(0, 255, (40, 40, 3), np.uint8)
+CHW = spaces.Box(0, 255, (4, 36, 36), np.uint8)
+
+
+def image_config(env_id="BrightSide-v0", steps=2048, **policy):
+    return Config.from_dict({
+        "env": {"id": env_id, "num_envs": 4},
+        "policy": {"pi_layers": [], "vf_layers": [], "cnn_channels": [8, 16, 16], "cnn_features_dim": 64,
+                   "act_kernel": "auto", **policy},
+        "ppo": {"n_steps": 32, "batch_size": 64, "n_epochs": 4, "learning_rate": 1e-3, "update_kernel": "auto"},
+        "run": {"seed": 0, "total_steps": steps, "progress": False},
+    })
+
+
+# ---------------------------------------------------------------------------------------------- encoding
+def test_images_stay_uint8_channels_first():
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (5, 40, 40, 3)).astype(np.uint8)
+    enc = ObsEncoder(HWC)
+    assert enc.image and enc.channels_last and enc.obs_shape == (3, 40, 40)
+    out = enc.encode(frames)
+    assert out.dtype == np.uint8 and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, frames.transpose(0, 3, 1, 2))
+    chw = ObsEncoder(CHW)
+    assert chw.image and not chw.channels_last and chw.obs_shape == (4, 36, 36)
+    flat = ObsEncoder(HWC, features="mlp")  # images flattened like any Box
+    assert not flat.image and flat.encode(frames).shape == (5, 4800) and flat.encode(frames).dtype == np.float32
+
+
+def test_image_detection_and_refusals():
+    assert not ObsEncoder(spaces.Box(0, 255, (40, 40, 3), np.float32)).image  # not uint8: a plain Box
+    assert not ObsEncoder(spaces.Box(0, 200, (40, 40, 3), np.uint8)).image    # bounds other than 0..255
+    with pytest.raises(ConfigError, match=r"policy.features: nature_cnn needs an image observation"):
+        ObsEncoder(spaces.Box(-1, 1, (4,), np.float32), features="nature_cnn")
+    nested = spaces.Dict({"frame": HWC, "speed": spaces.Box(-1, 1, (1,), np.float32)})
+    with pytest.raises(ConfigError, match=r"observation part frame that is an image; images inside Dict"):
+        ObsEncoder(nested)
+    assert ObsEncoder(nested, features="mlp").obs_dim == 4801
+
+
+@pytest.mark.parametrize("im2col", [True, False])
+def test_conv_paths_match_nn_conv2d(im2col):
+    import mindspore as ms
+    from mindspore import nn
+    from mindspore.common.initializer import Normal
+
+    from scalebox_ms.models.cnn import Conv
+
+    x = ms.Tensor(np.random.default_rng(2).standard_normal((3, 5, 21, 19)).astype(np.float32))
+    for k, s in ((8, 4), (4, 2), (3, 1)):
+        conv = Conv(5, 7, k, s, Normal(0.1), Normal(0.1), im2col=im2col)
+        ref = nn.Conv2d(5, 7, k, stride=s, pad_mode="valid", has_bias=True)
+        ref.weight.set_data(conv.weight.value())
+        ref.bias.set_data(conv.bias.value())
+        np.testing.assert_allclose(ms.jit(conv.construct)(x).asnumpy(), ref(x).asnumpy(), rtol=1e-5, atol=1e-5)
+        def loss(inp, net=conv):
+            return (net(inp) ** 2).sum()
+
+        def ref_loss(inp, net=ref):
+            return (net(inp) ** 2).sum()
+
+        grad = ms.grad(loss, grad_position=None, weights=conv.trainable_params())
+        ref_grad = ms.grad(ref_loss, grad_position=None, weights=ref.trainable_params())
+        for g, r in zip(grad(x), ref_grad(x)):
+            np.testing.assert_allclose(g.asnumpy(), r.asnumpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_nature_cnn_matches_a_numpy_forward_pass():
+    import mindspore as ms
+
+    from scalebox_ms.models.cnn import NatureCNN
+
+    cnn = NatureCNN((2, 36, 36), channels=(3, 4, 5), features_dim=6)
+    x = np.random.default_rng(1).integers(0, 256, (2, 2, 36, 36)).astype(np.uint8)
+    got = ms.jit(cnn.construct)(ms.Tensor(x)).asnumpy()
+
+    def conv(a, w, b, stride):  # valid cross-correlation, NCHW
+        n, c, h, wd = a.shape
+        o, _, k, _ = w.shape
+        oh, ow = (h - k) // stride + 1, (wd - k) // stride + 1
+        out = np.zeros((n, o, oh, ow))
+        for i in range(oh):
+            for j in range(ow):
+                patch = a[:, :, i * stride:i * stride + k, j * stride:j * stride + k]
+                out[:, :, i, j] = np.tensordot(patch, w, axes=([1, 2, 3], [1, 2, 3]))
+        return out + b[None, :, None, None]
+
+    p = {n: v.asnumpy().astype(np.float64) for n, v in cnn.parameters_and_names()}
+    a = x.astype(np.float64) / 255.0
+    for i, stride in zip((0, 2, 4), (4, 2, 1)):
+        a = np.maximum(conv(a, p[f"conv.{i}.weight"], p[f"conv.{i}.bias"], stride), 0)
+    want = np.maximum(a.reshape(2, -1) @ p["linear.weight"].T + p["linear.bias"], 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- PPO
+def test_ppo_learns_from_pixels_with_uint8_rollouts(caplog):
+    import mindspore as ms
+
+    with caplog.at_level(logging.INFO, logger="scalebox_ms"):
+        tr = PPOTrainer(image_config())
+    try:
+        assert tr.act_step.kernel == "builtin" and type(tr.update_step).__name__ == "PPOUpdateStep"
+        assert "image observations" in caplog.text  # auto says why the C++ kernels are not used
+        assert tr.update_step.rollout_obs.dtype == ms.uint8 and tr.update_step.rollout_obs.shape == (128, 3, 40, 40)
+        assert tr.obs_normalizer is None
+        tr.learn()
+        assert np.mean(evaluate_policy(tr, episodes=10)) >= 7.5  # best 8, random 4
+    finally:
+        tr.close()
+
+
+def test_separate_feature_extractors():
+    tr = PPOTrainer(image_config(steps=128, share_features=False))
+    try:
+        names = [n for n, _ in tr.model.parameters_and_names()]
+        assert "features.linear.weight" in names and "vf_features.linear.weight" in names
+        tr.learn()
+        assert tr.global_step == 128
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("section,key,value,culprit", [
+    ("policy", "act_kernel", "custom", "policy.act_kernel: the custom kernel implements MLPs"),
+    ("ppo", "update_kernel", "custom", "ppo.update_kernel: custom cannot run with image observations"),
+    ("amp", "level", "O1", "amp.level: image observations (NatureCNN) train in float32"),
+])
+def test_image_refusals(section, key, value, culprit):
+    data = image_config(steps=128).to_dict()
+    data.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError, match=culprit.replace("(", r"\(").replace(")", r"\)")):
+        PPOTrainer(Config.from_dict(data))
+
+
+def test_off_policy_and_int8_refuse_images(tmp_path):
+    from scalebox_ms.export import export_mindir
+    from scalebox_ms.trainers import make_trainer
+
+    with pytest.raises(ConfigError, match="algo: dqn does not take image observations yet"):
+        make_trainer(Config.from_dict({"algo": "dqn", "env": {"id": "BrightSide-v0", "num_envs": 1}}))
+    tr = PPOTrainer(image_config(steps=128))
+    try:
+        tr.learn()
+        with pytest.raises(ConfigError, match="quantize: the INT8 policy implements MLPs"):
+            export_mindir(tr, str(tmp_path / "p.mindir"), int8=True, calibrate_steps=8)
+    finally:
+        tr.close()
+
+
+DRIVER = textwrap.dedent("""
+    import json, sys
+    import numpy as np, mindspore as ms
+    path, frames = sys.argv[1], np.load(sys.argv[2])
+    policy = ms.nn.GraphCell(ms.load(path))
+    actions = policy(ms.Tensor(frames)).asnumpy()
+    assert "scalebox_ms" not in sys.modules
+    print(json.dumps(actions.tolist()))
+""")
+
+
+def exported_actions(tr, frames, tmp_path):
+    """Export ``tr``'s policy, run it on uint8 ``frames`` in a process without scalebox_ms."""
+    from scalebox_ms.export import export_mindir
+
+    path = str(tmp_path / "policy.mindir")
+    sc = export_mindir(tr, path)
+    assert sc["input"]["dtype"] == "uint8" and sc["input"]["shape"][1:] == list(frames.shape[1:])
+    np.save(tmp_path / "frames.npy", frames)
+    (tmp_path / "driver.py").write_text(DRIVER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, str(tmp_path / "driver.py"), path, str(tmp_path / "frames.npy")],
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return np.asarray(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.integration
+def test_cnn_export_takes_hwc_frames_and_matches_predict(tmp_path):
+    tr = PPOTrainer(image_config(steps=512))
+    try:
+        tr.learn()
+        env = gym.make_vec("BrightSide-v0", num_envs=16, vectorization_mode="sync")
+        frames, _ = env.reset(seed=3)
+        env.close()
+        np.testing.assert_array_equal(exported_actions(tr, frames, tmp_path), tr.predict(frames))
+    finally:
+        tr.close()
+
+
+# ---------------------------------------------------------------------------------------------- Atari
+BREAKOUT = "ALE/Breakout-v5"
+
+
+def test_atari_preprocessing_training_and_evaluation_variants():
+    train = make_vec_env(BREAKOUT, 1, preprocess="auto")
+    evaluation = make_vec_env(BREAKOUT, 1, preprocess="auto", evaluation=True)
+    try:
+        assert train.single_observation_space.shape == (4, 84, 84)
+        assert train.single_observation_space.dtype == np.uint8
+        obs, _ = train.reset(seed=0)
+        lives = train.envs[0].unwrapped.ale.lives()
+        rng = np.random.default_rng(0)
+        life_lost = game_over = None
+        for t in range(5000):
+            obs, r, term, trunc, info = train.step(rng.integers(0, 4, 1))
+            assert abs(float(r[0])) <= 1.0  # clipped to its sign
+            now = train.envs[0].unwrapped.ale.lives()
+            if term[0] and life_lost is None:
+                life_lost = (lives, now)
+            if info.get("_game_return", [False])[0]:
+                game_over = (t, float(info["game_return"][0]), int(info["game_length"][0]))
+                break
+            lives = now
+        assert life_lost is not None and life_lost[1] == life_lost[0] - 1 > 0  # a lost life ends the episode
+        assert game_over is not None and game_over[2] >= 4 * (game_over[0] + 1)  # frames: 4 per agent step + noops
+        # evaluation: a lost life does not end the episode, and rewards are not clipped
+        evaluation.reset(seed=0)
+        start = evaluation.envs[0].unwrapped.ale.lives()
+        for _ in range(5000):
+            _, _, term, trunc, _ = evaluation.step(rng.integers(0, 4, 1))
+            if evaluation.envs[0].unwrapped.ale.lives() < start - 1:
+                break
+            assert not (term[0] or trunc[0])
+        assert evaluation.envs[0].unwrapped.ale.lives() == start - 2
+    finally:
+        train.close()
+        evaluation.close()
+
+
+def test_atari_preprocess_on_a_non_atari_env_is_one_line():
+    with pytest.raises(ConfigError, match=r"env.preprocess: atari needs an ale-py env id"):
+        make_vec_env("CartPole-v1", 1, preprocess="atari")
+
+
+@pytest.mark.integration
+def test_ppo_on_breakout_counts_games_and_exports_on_real_frames(tmp_path):
+    data = Config.from_dict({"env": {"id": BREAKOUT, "num_envs": 2},
+                             "policy": {"pi_layers": [], "vf_layers": []},
+                             "ppo": {"n_steps": 64, "batch_size": 64, "n_epochs": 1, "learning_rate": 2.5e-4},
+                             "run": {"seed": 0, "total_steps": 256, "progress": False}})
+    tr = PPOTrainer(data)
+    try:
+        tr.learn()
+        assert tr.spec.image_shape == (4, 84, 84) and tr.global_step == 256
+        frames = np.stack([tr.collector.obs[0], tr.collector.obs[1]])  # real preprocessed Breakout frames
+        assert frames.dtype == np.uint8 and frames.std() > 0
+        np.testing.assert_array_equal(exported_actions(tr, frames, tmp_path), tr.predict(frames))
+    finally:
+        tr.close()

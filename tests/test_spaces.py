@@ -1,0 +1,358 @@
+"""Observation spaces beyond a flat Box (Discrete, MultiDiscrete, MultiBinary, Dict, Tuple) and MultiDiscrete /
+MultiBinary actions: the host encoder against gymnasium's own ``flatten``, the graph encoder against the host one,
+the new distributions against numpy, PPO learning small envs of each kind, export, kernels and refusals."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import space_envs  # noqa: F401  (registers DictMatch-v0, MultiDiscreteMatch-v0, MultiBinaryMatch-v0)
+from conftest import REPO, run_module
+from scalebox_ms import Config
+from scalebox_ms.envs.obs_encoding import ObsEncoder
+from scalebox_ms.errors import ConfigError, TrainingError
+from scalebox_ms.trainers import PPOTrainer
+from scalebox_ms.trainers.evaluation import evaluate_policy
+
+NESTED = spaces.Dict({
+    "pos": spaces.Box(-2.0, 2.0, (2, 3), np.float32),
+    "cell": spaces.Discrete(5, start=-2),
+    "inner": spaces.Tuple((spaces.MultiDiscrete([3, 4], start=[1, 0]), spaces.MultiBinary(4))),
+})
+
+
+def ppo_config(env_id, steps, **env):
+    return Config.from_dict({
+        "env": {"id": env_id, "num_envs": 8, **env},
+        "ppo": {"n_steps": 32, "batch_size": 128, "n_epochs": 4, "learning_rate": 3e-3, "gamma": 0.9},
+        "run": {"seed": 0, "total_steps": steps, "progress": False},
+    })
+
+
+# ---------------------------------------------------------------------------------------------- encoding
+@pytest.mark.parametrize("space", [
+    spaces.Discrete(7), spaces.Discrete(4, start=3), spaces.MultiDiscrete([2, 5, 3]), spaces.MultiBinary(6),
+    spaces.Tuple((spaces.Discrete(32), spaces.Discrete(11), spaces.Discrete(2))), NESTED,
+], ids=["discrete", "discrete-start", "multidiscrete", "multibinary", "tuple-blackjack", "nested-dict"])
+def test_encoding_equals_gymnasium_flatten(space):
+    space.seed(0)
+    samples = [space.sample() for _ in range(16)]
+    enc = ObsEncoder(space)
+    want = np.stack([spaces.flatten(space, x) for x in samples]).astype(np.float32)
+    assert enc.obs_dim == spaces.flatdim(space)
+    batch = gym.vector.utils.concatenate(space, samples, gym.vector.utils.create_empty_array(space, len(samples)))
+    np.testing.assert_array_equal(enc.encode(batch), want)
+    assert enc.is_single(samples[0]) and not enc.is_single(batch)
+
+
+def test_only_box_columns_are_normalised():
+    from scalebox_ms.envs import ObsNormalizer
+
+    enc = ObsEncoder(NESTED)
+    assert enc.normalize_mask.sum() == 6  # the (2, 3) Box; one-hots and bits are not normalised
+    NESTED.seed(1)
+    data = enc.encode(gym.vector.utils.concatenate(NESTED, [NESTED.sample() for _ in range(64)],
+                                                   gym.vector.utils.create_empty_array(NESTED, 64)))
+    norm = ObsNormalizer(enc.obs_dim, clip=0.5, mask=enc.normalize_mask)
+    out = norm(data, update=True)
+    np.testing.assert_array_equal(out[:, ~enc.normalize_mask], data[:, ~enc.normalize_mask])
+    assert np.abs(out[:, enc.normalize_mask]).max() <= 0.5 and not np.allclose(out[:, enc.normalize_mask],
+                                                                               data[:, enc.normalize_mask])
+
+
+def test_out_of_range_discrete_observation_is_a_one_line_error():
+    enc = ObsEncoder(spaces.Discrete(4), "Bad-v0")
+    with pytest.raises(TrainingError, match=r"observation obs = 4 at env index 1, outside its space") as e:
+        enc.encode(np.array([0, 4]))
+    assert "\n" not in str(e.value)
+
+
+def test_unsupported_observation_part_names_it():
+    space = spaces.Dict({"ok": spaces.Discrete(2), "words": spaces.Text(5)})
+    with pytest.raises(ConfigError, match=r"observation part words of type Text") as e:
+        ObsEncoder(space, "Words-v0")
+    assert "\n" not in str(e.value)
+
+
+def test_graph_encoder_equals_host_encoder():
+    import mindspore as ms
+
+    from scalebox_ms.models.obs_encoder import ObsEncoderCell
+
+    enc = ObsEncoder(NESTED)
+    NESTED.seed(2)
+    batch = gym.vector.utils.concatenate(NESTED, [NESTED.sample() for _ in range(9)],
+                                         gym.vector.utils.create_empty_array(NESTED, 9))
+    cell = ObsEncoderCell(enc)
+    got = ms.jit(cell.construct)(*[ms.Tensor(x) for x in enc.leaf_arrays(batch)]).asnumpy()
+    np.testing.assert_array_equal(got, enc.encode(batch))
+
+
+# ---------------------------------------------------------------------------------------------- distributions
+def test_multidiscrete_and_bernoulli_maths_match_numpy():
+    import mindspore as ms
+
+    from scalebox_ms.ops import distributions as D
+
+    rng = np.random.default_rng(0)
+    segs = ((0, 3), (3, 5))
+    logits = rng.normal(size=(6, 5)).astype(np.float32)
+    actions = np.stack([rng.integers(0, 3, 6), rng.integers(0, 2, 6)], 1).astype(np.int32)
+
+    def log_softmax(x):
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    want_lp = sum(log_softmax(logits[:, s:e])[np.arange(6), actions[:, i]] for i, (s, e) in enumerate(segs))
+    want_h = sum(-(np.exp(log_softmax(logits[:, s:e])) * log_softmax(logits[:, s:e])).sum(-1) for s, e in segs)
+    lt, at = ms.Tensor(logits), ms.Tensor(actions)
+    np.testing.assert_allclose(D.multi_categorical_log_prob(lt, at, segs).asnumpy(), want_lp, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(D.multi_categorical_entropy(lt, segs).asnumpy(), want_h, rtol=1e-5, atol=1e-6)
+
+    bits = rng.integers(0, 2, (6, 5)).astype(np.int32)
+    p = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    want_blp = (bits * np.log(p) + (1 - bits) * np.log(1 - p)).sum(-1)
+    want_bh = (-(p * np.log(p) + (1 - p) * np.log(1 - p))).sum(-1)
+    np.testing.assert_allclose(D.bernoulli_log_prob(lt, ms.Tensor(bits)).asnumpy(), want_blp, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(D.bernoulli_entropy(lt).asnumpy(), want_bh, rtol=1e-5, atol=1e-6)
+
+
+def test_samples_follow_the_distributions():
+    import mindspore as ms
+
+    from scalebox_ms.ops import distributions as D
+
+    rng = np.random.default_rng(1)
+    n = 20000
+    logits = np.tile(np.array([[1.0, -0.5, 0.0, 2.0, -1.0]], np.float32), (n, 1))
+    segs = ((0, 3), (3, 5))
+    a = D.multi_categorical_sample(ms.Tensor(logits), ms.Tensor(rng.gumbel(size=(n, 5)).astype(np.float32)),
+                                   segs).asnumpy()
+    for i, (s, e) in enumerate(segs):
+        p = np.exp(logits[0, s:e]) / np.exp(logits[0, s:e]).sum()
+        np.testing.assert_allclose(np.bincount(a[:, i], minlength=e - s) / n, p, atol=0.015)
+    b = D.bernoulli_sample(ms.Tensor(logits), ms.Tensor(rng.logistic(size=(n, 5)).astype(np.float32))).asnumpy()
+    np.testing.assert_allclose(b.mean(0), 1.0 / (1.0 + np.exp(-logits[0])), atol=0.015)
+
+
+# ---------------------------------------------------------------------------------------------- learning
+@pytest.mark.parametrize("env_id,steps,bar", [
+    ("DictMatch-v0", 8192, 7.5),             # best 8, random 2: needs both the Box and the Discrete part
+    ("MultiDiscreteMatch-v0", 8192, 15.0),    # best 16, random ~6.7
+    ("MultiBinaryMatch-v0", 8192, 23.0),      # best 24, random 12
+])
+def test_ppo_learns_composite_observations_and_multi_actions(env_id, steps, bar):
+    tr = PPOTrainer(ppo_config(env_id, steps, normalize_obs=True))
+    try:
+        tr.learn()
+        assert tr.update_step.__class__.__name__ == "PPOUpdateStep" or tr.spec.action_kind == "discrete"
+        assert np.mean(evaluate_policy(tr, episodes=20)) >= bar
+    finally:
+        tr.close()
+
+
+def test_ppo_solves_frozenlake_deterministic():
+    cfg = Config.from_dict({**ppo_config("FrozenLake-v1", 8192).to_dict(), "env": {
+        "id": "FrozenLake-v1", "num_envs": 8, "kwargs": {"is_slippery": False}}})
+    tr = PPOTrainer(cfg)
+    try:
+        tr.learn()
+        assert np.mean(evaluate_policy(tr, episodes=20)) == 1.0
+    finally:
+        tr.close()
+
+
+@pytest.mark.parametrize("env_id", ["FrozenLake-v1", "Blackjack-v1"])  # toy-text envs resume mid-episode
+def test_checkpoint_resume_is_bit_identical(env_id, tmp_path):
+    cfg = ppo_config(env_id, 1024, normalize_obs=True)
+    a = PPOTrainer(cfg)
+    a.learn(until=512)
+    path = a.save(str(tmp_path / "ck"))
+    b = PPOTrainer(cfg).load(path)
+    a.learn()
+    b.learn()
+    try:
+        assert b.global_step == 1024 and a.parameters_sha256() == b.parameters_sha256()
+    finally:
+        a.close()
+        b.close()
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def test_kernels_fall_back_for_multi_actions_and_custom_refuses(caplog):
+    import logging
+
+    cfg = ppo_config("MultiDiscreteMatch-v0", 256).to_dict()
+    cfg["policy"] = {"act_kernel": "auto"}
+    cfg["ppo"]["update_kernel"] = "auto"
+    with caplog.at_level(logging.INFO, logger="scalebox_ms"):
+        tr = PPOTrainer(Config.from_dict(cfg))
+    tr.close()
+    assert tr.act_step.kernel == "builtin" and tr.update_step.__class__.__name__ == "PPOUpdateStep"
+    assert "multidiscrete actions" in caplog.text
+    cfg["ppo"]["update_kernel"] = "custom"
+    with pytest.raises(ConfigError, match="ppo.update_kernel: custom cannot run with multidiscrete actions"):
+        PPOTrainer(Config.from_dict(cfg))
+
+
+@pytest.mark.parametrize("algo,env_id,has", [("dqn", "MultiDiscreteMatch-v0", "MultiDiscrete"),
+                                             ("sac", "MultiBinaryMatch-v0", "MultiBinary"),
+                                             ("td3", "FrozenLake-v1", "Discrete")])
+def test_off_policy_algorithms_refuse_action_spaces_they_cannot_handle(algo, env_id, has):
+    from scalebox_ms.trainers import make_trainer
+
+    with pytest.raises(ConfigError, match=rf"algo: {algo} needs a (Discrete|Box) action space; {env_id} has {has}"):
+        make_trainer(Config.from_dict({"algo": algo, "env": {"id": env_id, "num_envs": 1}}))
+
+
+def test_dqn_trains_on_one_hot_observations():
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = Config.from_dict({"algo": "dqn", "env": {"id": "FrozenLake-v1", "num_envs": 1,
+                                                   "kwargs": {"is_slippery": False}},
+                            "dqn": {"learning_starts": 64, "train_freq": 64, "gradient_steps": 8, "batch_size": 32,
+                                    "buffer_size": 1000},
+                            "run": {"total_steps": 256, "progress": False}})
+    tr = make_trainer(cfg)
+    try:
+        tr.learn()
+        assert tr.global_step >= 256 and tr.spec.obs_dim == 16
+        assert tr.predict(3) in range(4) and tr.predict(np.array([0, 5])).shape == (2,)
+    finally:
+        tr.close()
+
+
+def test_isolated_envs_stack_dict_observations():
+    from scalebox_ms import Sandbox
+
+    cfg = ppo_config("space_envs:DictMatch-v0", 64)
+    with Sandbox(device="CPU", seed=0, isolation_level="process") as sb:
+        tr = PPOTrainer(cfg, sandbox=sb)
+        try:
+            tr.learn()
+            assert tr.global_step == 256
+        finally:
+            tr.close()
+
+
+# ---------------------------------------------------------------------------------------------- export
+DRIVER = textwrap.dedent("""
+    import json, sys
+    import numpy as np, gymnasium as gym, mindspore as ms
+    path, env_id = sys.argv[1], sys.argv[2]
+    if env_id.startswith("space_envs:"):
+        import space_envs
+        env_id = env_id.split(":", 1)[1]
+    sidecar = json.load(open(path + ".json"))
+    policy = ms.nn.GraphCell(ms.load(path))
+    env = gym.make_vec(env_id, num_envs=16, vectorization_mode="sync")
+    obs, _ = env.reset(seed=5)
+    inputs = []
+    for leaf in sidecar["input"]["leaves"]:
+        x = obs
+        for p in leaf["path"]:
+            x = x[p]
+        inputs.append(ms.Tensor(np.asarray(x).astype(leaf["dtype"]).reshape([-1] + leaf["shape"])))
+    actions = policy(*inputs).asnumpy()
+    assert "scalebox_ms" not in sys.modules
+    print(json.dumps({"actions": actions.tolist()}))
+""")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("env_id", ["space_envs:DictMatch-v0", "Blackjack-v1", "FrozenLake-v1"])
+def test_export_of_composite_observations_matches_predict_without_scalebox(env_id, tmp_path):
+    from scalebox_ms.export import export_mindir
+
+    tr = PPOTrainer(ppo_config(env_id, 512, normalize_obs=True))
+    try:
+        tr.learn()
+        path = str(tmp_path / "policy.mindir")
+        sc = export_mindir(tr, path)
+        assert [leaf["name"] for leaf in sc["input"]["leaves"]] == [leaf.name for leaf in tr.collector.encoder.leaves]
+        script = tmp_path / "driver.py"
+        script.write_text(DRIVER)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["PYTHONPATH"] = os.path.join(REPO, "tests")  # space_envs only; scalebox_ms is not imported
+        r = subprocess.run([sys.executable, str(script), path, env_id], capture_output=True, text=True, timeout=300,
+                           cwd=str(tmp_path), env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = np.asarray(json.loads(r.stdout.strip().splitlines()[-1])["actions"])
+        probe = gym.make_vec(env_id.split(":")[-1], num_envs=16, vectorization_mode="sync")
+        obs, _ = probe.reset(seed=5)
+        probe.close()
+        np.testing.assert_array_equal(got, tr.predict(obs))
+    finally:
+        tr.close()
+
+
+@pytest.mark.integration
+def test_export_of_multidiscrete_actions_and_mindir_evaluation(tmp_path):
+    from scalebox_ms.export import MindIRPolicy, evaluate_mindir, export_mindir
+
+    tr = PPOTrainer(ppo_config("MultiDiscreteMatch-v0", 512))
+    try:
+        tr.learn()
+        path = str(tmp_path / "policy.mindir")
+        sc = export_mindir(tr, path)
+        assert sc["action_space"] == {"type": "MultiDiscrete", "nvec": [3, 2], "start": [1, 0]}
+        obs = np.random.default_rng(0).uniform(-1, 1, (32, 2)).astype(np.float32)
+        policy = MindIRPolicy(path)
+        np.testing.assert_array_equal(policy.env_actions(policy(obs)), tr.predict(obs))
+        returns = evaluate_mindir(path, episodes=4)
+        assert len(returns) == 4 and np.mean(returns) == np.mean(evaluate_policy(tr, episodes=4))
+    finally:
+        tr.close()
+
+
+# ---------------------------------------------------------------------------------------------- custom env CLI
+EXAMPLE = os.path.join(REPO, "examples", "custom_env")
+
+
+@pytest.mark.integration
+def test_custom_env_module_trains_from_the_cli(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", EXAMPLE)
+    r = run_module("train", "--config", os.path.join(REPO, "configs", "ppo_corridor.yaml"), "--run-dir",
+                   tmp_path / "run", "--set", "run.total_steps=8192", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["eval_mean_return"] >= 0.9  # the best return is 0.93
+
+
+@pytest.mark.integration
+def test_custom_env_module_that_cannot_be_imported_is_one_line(tmp_path):
+    r = run_module("train", "--set", "env.id=no_such_module_xyz:Corridor-v0", "--run-dir", tmp_path / "run")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("error: env.id: 'no_such_module_xyz:Corridor-v0': cannot import")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.integration
+def test_int8_export_of_one_hot_observations_and_refusal_for_multi_actions(tmp_path):
+    from scalebox_ms.export import MindIRPolicy, export_mindir
+
+    tr = PPOTrainer(Config.from_dict({**ppo_config("FrozenLake-v1", 4096).to_dict(), "env": {
+        "id": "FrozenLake-v1", "num_envs": 8, "kwargs": {"is_slippery": False}}}))
+    try:
+        tr.learn()
+        path = str(tmp_path / "policy_int8.mindir")
+        sc = export_mindir(tr, path, int8=True, calibrate_steps=64)
+        assert sc["quantization"]["level"] == "L1" and sc["input"]["leaves"][0]["kind"] == "discrete"
+        cells = np.arange(16)
+        agree = (MindIRPolicy(path)(cells) == tr.predict(cells)).mean()
+        assert agree >= 0.9, agree
+    finally:
+        tr.close()
+    md = PPOTrainer(ppo_config("MultiDiscreteMatch-v0", 256))
+    try:
+        md.learn()
+        with pytest.raises(ConfigError, match="quantize: the INT8 policy implements Discrete and Box actions, not "
+                                              "multidiscrete"):
+            export_mindir(md, str(tmp_path / "md.mindir"), int8=True, calibrate_steps=16)
+    finally:
+        md.close()
