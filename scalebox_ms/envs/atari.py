@@ -11,11 +11,12 @@ Training envs, innermost first (the order of Stable-Baselines3's ``AtariWrapper`
 3. :class:`EpisodicLife` -- a lost life ends the *training* episode (``terminated``), and the reset that follows
    continues the same game with a no-op step instead of restarting it (SB3's ``EpisodicLifeEnv``; gymnasium's
    ``terminal_on_life_loss`` restarts the game instead).
-4. ``gymnasium.wrappers.TransformReward(np.sign)`` -- rewards clipped to their sign.
-5. ``gymnasium.wrappers.FrameStackObservation(4)`` -- the last 4 frames, uint8 ``(4, 84, 84)``.
+4. :class:`FireReset` -- for games with a FIRE action, FIRE then action 2 after every reset (SB3's
+   ``FireResetEnv``; Breakout does not launch the ball otherwise).
+5. ``gymnasium.wrappers.TransformReward(np.sign)`` -- rewards clipped to their sign.
+6. ``gymnasium.wrappers.FrameStackObservation(4)`` -- the last 4 frames, uint8 ``(4, 84, 84)``.
 
-Evaluation envs (``evaluation=True``) get 2 and 5 only: whole games with unclipped rewards. SB3's ``FireResetEnv``
-(pressing FIRE after a reset) is not applied: the policy learns to press it.
+Evaluation envs (``evaluation=True``) get 2, 4 and 6 only: whole games with unclipped rewards.
 
 This module imports gymnasium and numpy only, so process-isolated workers (:mod:`.isolated`) can use it.
 """
@@ -59,8 +60,9 @@ def wrappers(preprocess: str, evaluation: bool = False) -> list:
         return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
 
     if evaluation:
-        return [preprocessing, stack]
-    return [GameStats, preprocessing, EpisodicLife, lambda env: gym.wrappers.TransformReward(env, np.sign), stack]
+        return [preprocessing, FireReset, stack]
+    return [GameStats, preprocessing, EpisodicLife, FireReset, lambda env: gym.wrappers.TransformReward(env, np.sign),
+            stack]
 
 
 def wrap(env, preprocess: str, evaluation: bool = False):
@@ -126,4 +128,22 @@ class EpisodicLife(_gym_wrapper()):
             if terminated or truncated:
                 obs, info = self.env.reset(**kwargs)
         self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(_gym_wrapper()):
+    """After a reset, press FIRE (action 1) and then action 2, for games whose action set has FIRE."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.fire = "FIRE" in env.unwrapped.get_action_meanings() and len(env.unwrapped.get_action_meanings()) >= 3
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        if not self.fire:
+            return obs, info
+        for action in (1, 2):
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
         return obs, info
