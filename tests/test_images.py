@@ -156,19 +156,36 @@ def test_image_refusals(section, key, value, culprit):
         PPOTrainer(Config.from_dict(data))
 
 
-def test_off_policy_and_int8_refuse_images(tmp_path):
-    from scalebox_ms.export import export_mindir
+def test_off_policy_refuses_images():
     from scalebox_ms.trainers import make_trainer
 
     with pytest.raises(ConfigError, match="algo: dqn does not take image observations yet"):
         make_trainer(Config.from_dict({"algo": "dqn", "env": {"id": "BrightSide-v0", "num_envs": 1}}))
-    tr = PPOTrainer(image_config(steps=128))
+
+
+@pytest.mark.integration
+def test_int8_l1_quantizes_the_convolutions_per_channel_and_l2_is_refused(tmp_path):
+    from scalebox_ms.export import MindIRPolicy, export_mindir
+    from scalebox_ms.quant.ptq import QuantConv
+
+    tr = PPOTrainer(image_config(steps=2048))
     try:
         tr.learn()
-        with pytest.raises(ConfigError, match="quantize: the INT8 policy implements MLPs"):
-            export_mindir(tr, str(tmp_path / "p.mindir"), int8=True, calibrate_steps=8)
+        path = str(tmp_path / "p_int8.mindir")
+        sc = export_mindir(tr, path, int8=True, calibrate_steps=16)
+        assert sc["quantization"]["level"] == "L1" and "convolutions" in sc["quantization"]["weights"]
+        env = gym.make_vec("BrightSide-v0", num_envs=16, vectorization_mode="sync")
+        frames, _ = env.reset(seed=4)
+        env.close()
+        agree = (MindIRPolicy(path)(frames) == tr.predict(frames)).mean()
+        assert agree >= 0.9, agree
+        with pytest.raises(ConfigError, match="quantize: NatureCNN policies quantize at L1"):
+            export_mindir(tr, str(tmp_path / "p_l2.mindir"), int8=True, quant_level="L2", calibrate_steps=8)
     finally:
         tr.close()
+    conv = QuantConv(np.random.default_rng(0).standard_normal((3, 2, 4, 4)).astype(np.float32), np.zeros(3), 2, True)
+    q, scale = conv.weight_int8.asnumpy(), conv.scale.asnumpy()
+    assert q.dtype == np.int8 and scale.shape == (3, 1, 1, 1) and np.abs(q).reshape(3, -1).max(1).tolist() == [127] * 3
 
 
 DRIVER = textwrap.dedent("""

@@ -37,15 +37,20 @@ class Conv(nn.Cell):
         self.im2col = (ms.get_context("device_target") == "CPU") if im2col is None else bool(im2col)
 
     def construct(self, x):
-        if not self.im2col:
-            return ops.conv2d(x, self.weight, self.bias, stride=self.stride, pad_mode="valid")
-        B, _, H, W = x.shape
-        k, s = self.kernel, self.stride
-        oh, ow = (H - k) // s + 1, (W - k) // s + 1
-        cols = ops.unfold(x, k, 1, 0, s)  # (B, C*k*k, oh*ow), the patch in (C, kh, kw) order like the weight
-        cols = cols.transpose(0, 2, 1).reshape(B * oh * ow, self.in_channels * k * k)
-        y = ops.matmul(cols, self.weight.reshape(self.out_channels, -1).T) + self.bias
-        return y.reshape(B, oh, ow, self.out_channels).transpose(0, 3, 1, 2)
+        return conv2d_valid(x, self.weight, self.bias, self.stride, self.im2col)
+
+
+def conv2d_valid(x, weight, bias, stride: int, im2col: bool):
+    """Valid 2-D convolution of NCHW ``x`` with ``weight (out, in, k, k)``: im2col + matmul, or ``ops.conv2d``."""
+    if not im2col:
+        return ops.conv2d(x, weight, bias, stride=stride, pad_mode="valid")
+    B, C, H, W = x.shape
+    out, k, s = weight.shape[0], weight.shape[2], stride
+    oh, ow = (H - k) // s + 1, (W - k) // s + 1
+    cols = ops.unfold(x, k, 1, 0, s)  # (B, C*k*k, oh*ow), the patch in (C, kh, kw) order like the weight
+    cols = cols.transpose(0, 2, 1).reshape(B * oh * ow, C * k * k)
+    y = ops.matmul(cols, weight.reshape(out, -1).T) + bias
+    return y.reshape(B, oh, ow, out).transpose(0, 3, 1, 2)
 
 
 def conv_output_hw(h: int, w: int):

@@ -33,6 +33,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..errors import ConfigError
+from ..models.cnn import conv2d_valid
 
 LEVELS = ("L1", "L2")
 CALIBRATIONS = ("minmax", "percentile")
@@ -79,6 +80,45 @@ class QuantDense(nn.Cell):
         if self.activation is not None:
             y = self.activation(y)
         return y
+
+
+class QuantConv(nn.Cell):
+    """A NatureCNN convolution (L1): y = relu(conv(x, W_int8 * scale) + b), one scale per output channel."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, stride: int, im2col: bool):
+        super().__init__()
+        weight = np.asarray(weight, np.float32)
+        q, scale = quantize_weight_per_channel(weight.reshape(weight.shape[0], -1))
+        self.weight_int8 = Parameter(Tensor(q.reshape(weight.shape)), name="weight_int8", requires_grad=False)
+        self.scale = Parameter(Tensor(scale.reshape(-1, 1, 1, 1)), name="scale", requires_grad=False)
+        self.bias = Parameter(Tensor(np.asarray(bias, np.float32)), name="bias", requires_grad=False)
+        self.stride, self.im2col = int(stride), bool(im2col)
+
+    def construct(self, x):
+        w = self.weight_int8.astype(ms.float32) * self.scale
+        return ops.relu(conv2d_valid(x, w, self.bias, self.stride, self.im2col))
+
+
+class ImageInput(nn.Cell):
+    """uint8 frames -> float32 / 255, as NatureCNN's first step."""
+
+    def construct(self, x):
+        return x.astype(ms.float32) * (1.0 / 255.0)
+
+
+class Flatten(nn.Cell):
+    def construct(self, x):
+        return x.reshape(x.shape[0], -1)
+
+
+def _cnn_layers(cnn) -> list:
+    """L1 cells of a NatureCNN: scaling, three int8 convolutions, flatten, the int8 Dense layer (ReLU)."""
+    from ..models.cnn import KERNELS, Conv
+
+    convs = [c for c in cnn.conv.cells() if isinstance(c, Conv)]
+    layers = [ImageInput()] + [QuantConv(c.weight.asnumpy(), c.bias.asnumpy(), s, c.im2col)
+                               for c, (_, s) in zip(convs, KERNELS)]
+    return layers + [Flatten(), QuantDense(cnn.linear.weight.asnumpy(), cnn.linear.bias.asnumpy(), "relu")]
 
 
 class QuantizedPolicy(nn.Cell):
@@ -163,15 +203,27 @@ class DynamicQuantizer:
         else:
             pi = getattr(model, "pi_net", None)
             spec = getattr(model, "spec", None)
-        if getattr(model, "features", None) is not None:
-            raise ConfigError("quantize: the INT8 policy implements MLPs; the NatureCNN of image observations is not "
-                              "quantized yet (export without --int8)")
+        cnn = getattr(model, "features", None)
+        if cnn is not None and self.quant_level != "L1":
+            raise ConfigError("quantize: NatureCNN policies quantize at L1 (int8 weights per output channel); L2's "
+                              "activation quantization covers Dense layers only")
         if spec is not None and spec.action_kind not in ("discrete", "box"):
             raise ConfigError(f"quantize: the INT8 policy implements Discrete and Box actions, not {spec.action_kind}; "
                               "export without --int8")
         layers = _dense_layers(pi) if hasattr(pi, "cells") else []
         if not layers:
             raise ConfigError(f"quantize: {type(model).__name__} has no policy Dense layers to quantize")
+        if cnn is not None:  # L1: scales come from the weights; the image data only has to be there
+            data = np.asarray(calibration_data) if calibration_data is not None else np.zeros((0,))
+            if data.ndim != 4 or data.shape[0] == 0:
+                raise ConfigError(f"quantize: calibration data must be a non-empty (N, C, H, W) image batch, got "
+                                  f"shape {data.shape}")
+            qlayers = _cnn_layers(cnn) + [QuantDense(w, b, act) for w, b, act in layers]
+            info = {"level": "L1", "weights": "int8, symmetric, per output channel (convolutions and Dense)",
+                    "activations": "float32", "calibrate_steps": self.calibrate_steps,
+                    "calibration_samples": int(data.shape[0]), "input_scales": [None] * len(qlayers),
+                    "int8_arithmetic": "n/a (weights dequantised in graph)"}
+            return QuantizedPolicy(qlayers, spec.discrete, spec.low, spec.high, "L1", info, output)
         data = np.asarray(calibration_data, np.float32) if calibration_data is not None else np.zeros((0,))
         if data.ndim != 2 or data.shape[0] == 0:
             raise ConfigError(f"quantize: calibration data must be a non-empty (N, obs_dim) array, got shape {data.shape}")
