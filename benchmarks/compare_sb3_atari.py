@@ -14,6 +14,7 @@ fresh process, one after the other. Reported per run:
 Needs the [bench] and [atari] extras:  pip install -e ".[bench,atari]"
 Usage:  python benchmarks/compare_sb3_atari.py [--env ALE/Breakout-v5] [--steps 300000] [--seed 0]
             [--libs scalebox_ms sb3] [--out benchmarks/results/compare_sb3_atari.json]
+            [--plot docs/img/atari_ppo_curves.png] [--plot-only]
 Each run takes tens of minutes on 2 cores: run it in the background. Results are saved after each run.
 """
 from __future__ import annotations
@@ -94,6 +95,35 @@ def worker_sb3(env_id: str, seed: int, steps: int) -> dict:
             "curve": curve}
 
 
+def plot(payload: dict, path: str) -> None:
+    """Training-game returns (mean of the last 20 games) against env steps and against wall time, both libraries."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for lib, run in payload["runs"].items():
+        curve = np.asarray(run["curve"], np.float64).reshape(-1, 3)
+        if not len(curve):
+            continue
+        smooth = np.convolve(curve[:, 2], np.ones(20) / 20, mode="valid") if len(curve) >= 20 else curve[:, 2]
+        for ax, col in zip(axes, (0, 1)):
+            ax.plot(curve[len(curve) - len(smooth):, col], smooth, label=lib)
+    axes[0].set_xlabel("env steps")
+    axes[1].set_xlabel("training wall time (s)")
+    for ax in axes:
+        ax.set_ylabel("game return (last 20 games)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"PPO on {payload['env']}, {payload['steps']} steps, seed {payload['seed']} "
+                 f"({payload['date']}, {payload['machine']['cpus']} CPUs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="ALE/Breakout-v5")
@@ -101,8 +131,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--libs", nargs="+", default=["scalebox_ms", "sb3"], choices=["scalebox_ms", "sb3"])
     ap.add_argument("--out", default=os.path.join(HERE, "results", "compare_sb3_atari.json"))
+    ap.add_argument("--plot", default=os.path.join(REPO, "docs", "img", "atari_ppo_curves.png"),
+                    help="learning-curve figure written from the results")
+    ap.add_argument("--plot-only", action="store_true", help="only redraw --plot from --out")
     ap.add_argument("--worker", choices=["scalebox_ms", "sb3"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.plot_only:
+        with open(args.out) as f:
+            plot(json.load(f), args.plot)
+        return
 
     if args.worker:
         res = (worker_scalebox if args.worker == "scalebox_ms" else worker_sb3)(args.env, args.seed, args.steps)
@@ -138,6 +175,8 @@ def main() -> None:
         payload["train_ratio"] = ratio
         atomic_write_json(args.out, payload)
     print(f"wrote {args.out}")
+    os.makedirs(os.path.dirname(args.plot), exist_ok=True)
+    plot(payload, args.plot)
 
 
 if __name__ == "__main__":

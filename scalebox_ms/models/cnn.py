@@ -6,8 +6,8 @@ scaling is inside the graph, so rollout storage and exported policies take the f
 initialisation every layer gets gain sqrt(2) and zero biases (SB3's ``ortho_init`` for the extractor).
 
 :class:`Conv` holds ``nn.Conv2d``'s Parameters (``weight (out, in, k, k)``, ``bias (out,)``) and computes the
-convolution as im2col (``ops.unfold``) + one matmul on CPU, where MindSpore 2.10's ``Conv2D`` kernel ran NatureCNN's
-first layer 23x slower (``benchmarks/cnn_conv.py``; docs/performance.md); elsewhere it calls ``ops.conv2d``.
+convolution as im2col (``ops.unfold``) + one batched matmul on CPU, where MindSpore 2.10's ``Conv2D`` kernel is much
+slower (``benchmarks/cnn_conv.py``; docs/performance.md has the table); elsewhere it calls ``ops.conv2d``.
 Tests check both against ``nn.Conv2d``.
 """
 from __future__ import annotations
@@ -44,13 +44,13 @@ def conv2d_valid(x, weight, bias, stride: int, im2col: bool):
     """Valid 2-D convolution of NCHW ``x`` with ``weight (out, in, k, k)``: im2col + matmul, or ``ops.conv2d``."""
     if not im2col:
         return ops.conv2d(x, weight, bias, stride=stride, pad_mode="valid")
-    B, C, H, W = x.shape
+    B, _, H, W = x.shape
     out, k, s = weight.shape[0], weight.shape[2], stride
     oh, ow = (H - k) // s + 1, (W - k) // s + 1
     cols = ops.unfold(x, k, 1, 0, s)  # (B, C*k*k, oh*ow), the patch in (C, kh, kw) order like the weight
-    cols = cols.transpose(0, 2, 1).reshape(B * oh * ow, C * k * k)
-    y = ops.matmul(cols, weight.reshape(out, -1).T) + bias
-    return y.reshape(B, oh, ow, out).transpose(0, 3, 1, 2)
+    # (out, C*k*k) @ (B, C*k*k, oh*ow) -> (B, out, oh*ow): already NCHW, no transposes (they cost more than the matmul)
+    y = ops.matmul(weight.reshape(out, -1), cols) + bias.reshape(out, 1)
+    return y.reshape(B, out, oh, ow)
 
 
 def conv_output_hw(h: int, w: int):
