@@ -49,6 +49,7 @@ def validate(cfg: Config) -> None:
 
         _check(e.id in SUPPORTED, "env.backend", f"native has no {short_repr(e.id)} (it has {', '.join(SUPPORTED)})")
         _check(not e.kwargs, "env.kwargs", "not supported with env.backend native")
+        _check(e.preprocess != "atari", "env.preprocess", "atari applies to ale-py envs, not env.backend native")
         _check(s.isolation_level == "none", "sandbox.isolation_level",
                "process isolation applies to gymnasium envs; native envs run inside MindSpore graphs")
     _check(cfg.policy.act_kernel != "custom" or cfg.amp.level == "O0", "policy.act_kernel",

@@ -163,7 +163,9 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         "normalization": None if trainer.obs_normalizer is None else {
             "mean": trainer.obs_normalizer.rms.mean.tolist(), "var": trainer.obs_normalizer.rms.var.tolist(),
             "epsilon": trainer.obs_normalizer.epsilon, "clip": trainer.obs_normalizer.clip,
-            "formula": "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)"},
+            "formula": "clip((obs - mean) / sqrt(var + epsilon), -clip, clip)",
+            # encoded Dict/Tuple/Discrete observations: only the Box columns (mask true) are normalised
+            "mask": None if trainer.obs_normalizer.mask is None else trainer.obs_normalizer.mask.tolist()},
         "quantization": quant_info,
         "algo": cfg.algo,
         "global_step": trainer.global_step,

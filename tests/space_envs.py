@@ -9,6 +9,8 @@
 * ``MultiBinaryMatch-v0`` -- Box(3,) observation; MultiBinary(3) action; reward 1 per bit equal to obs[i] > 0,
   8 steps (best return 24).
 * ``WordsObs-v0`` -- a Dict observation with a Text part, which scalebox_ms cannot encode (for error tests).
+* ``InfoSteps-v0`` -- Box(1,) observation, two actions, 3 steps per episode; ``info`` holds the step count, the
+  last step adds ``ended`` (for the vector envs' info batching).
 """
 import gymnasium as gym
 import numpy as np
@@ -89,7 +91,22 @@ class WordsObs(_Steps):
         return 0
 
 
+class InfoSteps(gym.Env):
+    observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {"reset": 1}
+
+    def step(self, action):
+        self.t += 1
+        info = {"count": self.t, **({"ended": 10 * self.t + int(action)} if self.t == 3 else {})}
+        return np.zeros(1, np.float32), 0.0, self.t == 3, False, info
+
+
 for _name, _cls in (("DictMatch-v0", DictMatch), ("MultiDiscreteMatch-v0", MultiDiscreteMatch),
-                    ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs)):
+                    ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs), ("InfoSteps-v0", InfoSteps)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=f"{__name__}:{_cls.__name__}")

@@ -103,6 +103,11 @@ class GameStats(_gym_wrapper()):
         return obs, reward, terminated, truncated, info
 
 
+def game_end(info: dict) -> dict:
+    """The GameStats entries of a step's info: a game that ends inside a reset is reported in the reset's info."""
+    return {k: info[k] for k in ("game_return", "game_length") if k in info}
+
+
 class EpisodicLife(_gym_wrapper()):
     """A lost life is a terminal state for training; the game itself goes on (reset = one no-op step)."""
 
@@ -121,14 +126,16 @@ class EpisodicLife(_gym_wrapper()):
         return obs, reward, terminated, truncated, info
 
     def reset(self, **kwargs):
+        ended = {}
         if self.game_over:
             obs, info = self.env.reset(**kwargs)
         else:
             obs, _, terminated, truncated, info = self.env.step(0)
             if terminated or truncated:
+                ended = game_end(info)
                 obs, info = self.env.reset(**kwargs)
         self.lives = self.env.unwrapped.ale.lives()
-        return obs, info
+        return obs, {**info, **ended}
 
 
 class FireReset(_gym_wrapper()):
@@ -142,8 +149,11 @@ class FireReset(_gym_wrapper()):
         obs, info = self.env.reset(**kwargs)
         if not self.fire:
             return obs, info
+        ended = game_end(info)  # a game that ended inside the inner reset (EpisodicLife's no-op step)
         for action in (1, 2):
             obs, _, terminated, truncated, info = self.env.step(action)
             if terminated or truncated:
+                ended = game_end(info) or ended
                 obs, info = self.env.reset(**kwargs)
-        return obs, info
+                ended = game_end(info) or ended
+        return obs, {**info, **ended}

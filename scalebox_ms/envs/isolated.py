@@ -139,11 +139,14 @@ class IsolatedVectorEnv:
 
     MAX_RESET_ATTEMPTS = 3
 
-    def _reset_worker(self, i: int, seed):
-        """Reset sub-env i, replacing its worker up to MAX_RESET_ATTEMPTS times; None if it never succeeds."""
+    def _reset_worker(self, i: int, seed, infos: Optional[dict] = None):
+        """Reset sub-env i, replacing its worker up to MAX_RESET_ATTEMPTS times; None if it never succeeds. The
+        reset's info goes into ``infos`` (gymnasium's vector layout)."""
         for _ in range(self.MAX_RESET_ATTEMPTS):
             try:
-                o, _ = self._workers[i].call("reset", seed, self.start_timeout)
+                o, info = self._workers[i].call("reset", seed, self.start_timeout)
+                if infos is not None and info:
+                    self._add_info(infos, info, i)
                 return o
             except WorkerFailure as failure:
                 self._replace(i, failure)
@@ -183,9 +186,10 @@ class IsolatedVectorEnv:
                 except (BrokenPipeError, OSError):
                     pass  # noticed when collecting
         broken = []
+        infos: dict = {}  # the sub-envs' infos, batched as gymnasium's vector envs do ("key" + "_key" mask)
         for i, w in enumerate(self._workers):
             if self._needs_reset[i]:  # NEXT_STEP autoreset (after an episode end or a restart)
-                o = self._reset_worker(i, int(self._reseed.integers(2**31)))
+                o = self._reset_worker(i, int(self._reseed.integers(2**31)), infos)
                 if o is None:  # keep collecting the other workers' replies; give up after the loop
                     broken.append(i)
                     obs[i] = self._last_obs[i]
@@ -209,14 +213,16 @@ class IsolatedVectorEnv:
                 self._replace(i, failure)
                 obs[i], truncated[i] = self._last_obs[i], True
                 continue
-            o, r, term, trunc, _ = payload
+            o, r, term, trunc, info = payload
+            if info:
+                self._add_info(infos, info, i)
             obs[i] = self._last_obs[i] = o
             rewards[i], terminated[i], truncated[i] = r, term, trunc
             if term or trunc:
                 self._needs_reset[i] = True
         if broken:
             self._give_up(broken)
-        return self._stack(obs), rewards, terminated, truncated, {}
+        return self._stack(obs), rewards, terminated, truncated, infos
 
     def close(self) -> None:
         for w in self._workers:
@@ -230,6 +236,11 @@ class IsolatedVectorEnv:
 
     def __getstate__(self):  # processes cannot be pickled: checkpoints resume isolated envs with fresh episodes
         raise TypeError("IsolatedVectorEnv holds worker processes and cannot be pickled")
+
+    def _add_info(self, infos: dict, info: dict, i: int) -> dict:
+        from gymnasium.vector import VectorEnv
+
+        return VectorEnv._add_info(self, infos, info, i)
 
     def _stack(self, obs: list):
         """The sub-envs' observations as one batch of the vector observation space (Dict/Tuple: a dict/tuple of

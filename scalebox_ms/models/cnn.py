@@ -88,6 +88,16 @@ class NatureCNN(nn.Cell):
         x = self.conv(x)
         return ops.relu(self.linear(x.reshape(x.shape[0], -1)))
 
+    def activation_sizes(self, image_shape) -> list:
+        """Floats per image of each layer's im2col patches and outputs (for memory estimates)."""
+        c, h, w = image_shape
+        sizes, in_c = [], c
+        for (k, s), cell in zip(KERNELS, [m for m in self.conv.cells() if isinstance(m, Conv)]):
+            h, w = (h - k) // s + 1, (w - k) // s + 1
+            sizes += [in_c * k * k * h * w, cell.out_channels * h * w]
+            in_c = cell.out_channels
+        return sizes + [self.features_dim]
+
     def macs(self, image_shape) -> int:
         """Multiply-adds per image (convolutions and the Dense layer)."""
         c, h, w = image_shape

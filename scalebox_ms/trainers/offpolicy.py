@@ -82,12 +82,12 @@ class OffPolicyTrainer(Trainer):
                               "vectors); use ppo, or policy.features: mlp to flatten the images")
         names = {"discrete": "Discrete", "box": "Box", "multidiscrete": "MultiDiscrete", "multibinary": "MultiBinary"}
         has = names[spec.action_kind]
-        if algo == "dqn" and spec.action_kind != "discrete":
-            raise ConfigError(f"algo: dqn needs a Discrete action space; {cfg.env.id} has {has} actions (use "
-                              f"{'sac or td3' if has == 'Box' else 'ppo'})")
-        if algo != "dqn" and spec.action_kind != "box":
-            raise ConfigError(f"algo: {algo} needs a Box action space; {cfg.env.id} has {has} actions (use "
-                              f"{'dqn or ppo' if has == 'Discrete' else 'ppo'})")
+        needs = "Discrete" if algo == "dqn" else "Box"
+        if has != needs:
+            c.close()
+            other = {"Discrete": "dqn or ppo", "Box": "sac or td3"}.get(has, "ppo")
+            raise ConfigError(f"algo: {algo} needs a {needs} action space; {cfg.env.id} has {has} actions (use "
+                              f"{other})")
         N = c.num_envs
         self.phase_rows = o.train_freq * N
         if self.phase_rows > o.buffer_size:
@@ -416,6 +416,9 @@ class OffPolicyTrainer(Trainer):
         D = self.spec.obs_dim
         if norm is None:
             return np.zeros(D, np.float32), np.ones(D, np.float32), np.float32(np.inf)
+        if norm.mask is not None:  # encoded one-hots/bits pass through: mean 0, 1/std 1, no clip on those columns
+            mean, inv_std, _, high = norm.constants()
+            return mean, inv_std, high  # a per-column clip (the graph clips to [-clip, clip])
         rms = norm.rms
         return (rms.mean.astype(np.float32), (1.0 / np.sqrt(rms.var + norm.epsilon)).astype(np.float32),
                 np.float32(norm.clip))

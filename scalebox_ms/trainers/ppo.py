@@ -118,7 +118,9 @@ class PPOTrainer(Trainer):
         self._values = ParameterValues(named_state(self.model, self.update_step))
         self.runner = UpdateRunner(run_minibatches, p, self.collector, W, self.amp, self._values.snapshot,
                                    self._values.restore, obs_dim=self.spec.obs_dim,
-                                   hidden=list(config.policy.pi_layers) + list(config.policy.vf_layers),
+                                   hidden=list(config.policy.pi_layers) + list(config.policy.vf_layers) + (
+                                       [] if self.model.features is None else  # the CNN's patches, activations
+                                       self.model.features.activation_sizes(self.spec.image_shape)),
                                    memory_budget=self._memory_budget)
 
     # ------------------------------------------------------------------ the parts, as attributes users know

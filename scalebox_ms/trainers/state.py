@@ -109,7 +109,12 @@ def load(trainer, path: str):
     ck = read_checkpoint(path)
     sc, tensors = ck["sidecar"], ck["tensors"]
     spec = trainer.spec.__dict__
-    if sc.get("space_spec") != spec and _jsonable(sc.get("space_spec")) != _jsonable(spec):
+    old = sc.get("space_spec")
+    try:  # checkpoints from before a SpaceSpec field existed: the field's default
+        old = type(trainer.spec)(**old).__dict__ if isinstance(old, dict) else old
+    except (TypeError, ValueError):
+        pass
+    if old != spec and _jsonable(old) != _jsonable(spec):
         raise CheckpointError(f"checkpoint {ck['prefix']} was made for spaces {sc.get('space_spec')}, "
                               f"this trainer has {spec}")
     ck_env = (sc.get("config") or {}).get("env", {})
