@@ -288,3 +288,12 @@ def test_ppo_on_breakout_counts_games_and_exports_on_real_frames(tmp_path):
         np.testing.assert_array_equal(exported_actions(tr, frames, tmp_path), tr.predict(frames))
     finally:
         tr.close()
+
+
+@pytest.mark.parametrize("env,culprit", [
+    ({"preprocess": "atari", "backend": "native"}, "env.preprocess: atari applies to ale-py envs, not env.backend native"),
+    ({"preprocess": "frames"}, "env.preprocess: 'frames' is not one of auto, atari, none"),
+])
+def test_preprocess_config_errors(env, culprit):
+    with pytest.raises(ConfigError, match=culprit):
+        Config.from_dict({"env": {"id": "CartPole-v1", **env}})
