@@ -297,3 +297,25 @@ def test_ppo_on_breakout_counts_games_and_exports_on_real_frames(tmp_path):
 def test_preprocess_config_errors(env, culprit):
     with pytest.raises(ConfigError, match=culprit):
         Config.from_dict({"env": {"id": "CartPole-v1", **env}})
+
+
+def test_atari_checkpoint_resumes_with_fresh_games_and_a_small_sidecar(tmp_path):
+    cfg = Config.from_dict({"env": {"id": BREAKOUT, "num_envs": 2}, "policy": {"pi_layers": [], "vf_layers": []},
+                            "ppo": {"n_steps": 32, "batch_size": 64, "n_epochs": 1},
+                            "run": {"seed": 0, "total_steps": 128, "progress": False}})
+    a = PPOTrainer(cfg)
+    try:
+        a.learn(until=64)
+        path = a.save(str(tmp_path / "ck"))
+    finally:
+        a.close()
+    sidecar = json.loads(open(path).read())
+    assert sidecar["inflight"] == {"fresh_episodes": True} and "env_state_note" in sidecar
+    assert os.path.getsize(path) < 100_000  # no frames as JSON
+    b = PPOTrainer(cfg).load(path)
+    try:
+        assert b.global_step == 64 and b.collector.obs.shape == (2, 4, 84, 84)
+        b.learn()
+        assert b.global_step == 128
+    finally:
+        b.close()

@@ -85,16 +85,19 @@ def save(trainer, prefix: str) -> str:
         "rng": c.rng.bit_generator.state,
         "obs_normalizer": c.obs_normalizer.state_dict() if c.obs_normalizer else None,
         "reward_scaler": c.reward_scaler.state_dict() if c.reward_scaler else None,
-        "inflight": c.inflight_state(),
+        "inflight": None,  # below
         "space_spec": trainer.spec.__dict__,
         "param_sha256": trainer.parameters_sha256(),
         "world_size": trainer.dist.world_size,
         **trainer._sidecar_extra(),
     }
     snapshot = env_state.capture(c.env) if c.obs is not None else None
+    sidecar["inflight"] = c.inflight_state()
     if snapshot is None and c.obs is not None:
         sidecar["env_state_note"] = (f"{type(c.env).__name__} cannot be captured faithfully: "
                                      "a resumed run starts fresh episodes")
+        # fresh episodes on resume: the in-flight observations would go unused (Atari: ~1 MB of frames as JSON)
+        sidecar["inflight"] = {"fresh_episodes": True}
     return write_checkpoint(prefix, tensors, sidecar, env_obj=snapshot, replay=trainer._replay_state())
 
 
