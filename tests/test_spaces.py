@@ -229,15 +229,17 @@ def test_off_policy_algorithms_refuse_action_spaces_they_cannot_handle(algo, env
         make_trainer(Config.from_dict({"algo": algo, "env": {"id": env_id, "num_envs": 1}}))
 
 
-def test_dqn_trains_on_one_hot_observations():
+def small_dqn(env: dict, steps: int, learning_starts: int, train_freq: int, gradient_steps: int, batch_size: int):
     from scalebox_ms.trainers import make_trainer
 
-    cfg = Config.from_dict({"algo": "dqn", "env": {"id": "FrozenLake-v1", "num_envs": 1,
-                                                   "kwargs": {"is_slippery": False}},
-                            "dqn": {"learning_starts": 64, "train_freq": 64, "gradient_steps": 8, "batch_size": 32,
-                                    "buffer_size": 1000},
-                            "run": {"total_steps": 256, "progress": False}})
-    tr = make_trainer(cfg)
+    return make_trainer(Config.from_dict({
+        "algo": "dqn", "env": env, "run": {"total_steps": steps, "progress": False},
+        "dqn": {"learning_starts": learning_starts, "train_freq": train_freq, "gradient_steps": gradient_steps,
+                "batch_size": batch_size, "buffer_size": 1000}}))
+
+
+def test_dqn_trains_on_one_hot_observations():
+    tr = small_dqn({"id": "FrozenLake-v1", "num_envs": 1, "kwargs": {"is_slippery": False}}, 256, 64, 64, 8, 32)
     try:
         tr.learn()
         assert tr.global_step >= 256 and tr.spec.obs_dim == 16
@@ -250,14 +252,7 @@ def test_off_policy_replay_normalisation_leaves_one_hots_alone():
     """The graph normalises replay samples with the same per-column rule as the host (Box columns only)."""
     import mindspore as ms
 
-    from scalebox_ms.trainers import make_trainer
-
-    cfg = Config.from_dict({"algo": "dqn", "env": {"id": "DictMatch-v0", "num_envs": 2, "normalize_obs": True,
-                                                   "clip_obs": 0.5},
-                            "dqn": {"learning_starts": 32, "train_freq": 16, "gradient_steps": 2, "batch_size": 16,
-                                    "buffer_size": 500},
-                            "run": {"total_steps": 128, "progress": False}})
-    tr = make_trainer(cfg)
+    tr = small_dqn({"id": "DictMatch-v0", "num_envs": 2, "normalize_obs": True, "clip_obs": 0.5}, 128, 32, 16, 2, 16)
     try:
         tr.learn()
         mean, inv_std, clip = tr._obs_stats()
