@@ -197,3 +197,17 @@ def check_off_policy(cfg) -> None:
            f"data parallelism is not supported with algo {algo} yet (one process; see docs/off_policy.md)")
     _check(par.micro_batch_size is None and par.gradient_accumulation == 1, "parallel.gradient_accumulation",
            f"applies to ppo only (algo {algo})")
+
+
+def space_refusal(algo: str, spec, env_id: str) -> Optional[str]:
+    """Why ``algo`` cannot train on spaces ``spec`` (a one-line message), or None: DQN needs Discrete actions, SAC
+    and TD3 Box actions, and none of them takes image observations yet."""
+    if spec.image:
+        return (f"algo: {algo} does not take image observations yet (its replay buffer stores float vectors); use "
+                "ppo, or policy.features: mlp to flatten the images")
+    names = {"discrete": "Discrete", "box": "Box", "multidiscrete": "MultiDiscrete", "multibinary": "MultiBinary"}
+    has, needs = names[spec.action_kind], "Discrete" if algo == "dqn" else "Box"
+    if has == needs:
+        return None
+    other = {"Discrete": "dqn or ppo", "Box": "sac or td3"}.get(has, "ppo")
+    return f"algo: {algo} needs a {needs} action space; {env_id} has {has} actions (use {other})"

@@ -15,3 +15,11 @@ def clip_grad_norm(grads, max_norm: float):
     norm = ops.sqrt((flat * flat).sum())
     coef = ops.minimum(max_norm / (norm + 1e-6), 1.0)
     return tuple(g * coef for g in grads), norm
+
+
+def normalize_obs(enabled: bool, obs, mean, inv_std, clip):
+    """Running observation normalisation in a graph: ``clip((obs - mean) * inv_std, -clip, clip)`` when ``enabled``
+    (static), else ``obs``. ``clip`` is a scalar or one bound per column (``RolloutCollector.normalizer_inputs``)."""
+    if enabled:
+        return ops.clip_by_value((obs - mean) * inv_std, -clip, clip)
+    return obs

@@ -90,6 +90,20 @@ class RolloutCollector:
             return obs
         return self.obs_normalizer(obs, update=update)
 
+    def normalizer_inputs(self):
+        """(mean, 1 / std, clip) float32 for :func:`scalebox_ms.ops.clip.normalize_obs` in a graph, the same rule as
+        :meth:`normalize_obs`: a scalar clip, or per column when a mask leaves encoded one-hots/bits alone (mean 0,
+        1/std 1, clip inf there); no normaliser: the identity."""
+        norm, D = self.obs_normalizer, self.spec.obs_dim
+        if norm is None:
+            return np.zeros(D, np.float32), np.ones(D, np.float32), np.float32(np.inf)
+        if norm.mask is not None:
+            mean, inv_std, _, high = norm.constants()
+            return mean, inv_std, high
+        rms = norm.rms
+        return (rms.mean.astype(np.float32), (1.0 / np.sqrt(rms.var + norm.epsilon)).astype(np.float32),
+                np.float32(norm.clip))
+
     def noise(self, n: int, rng: Optional[np.random.Generator] = None) -> np.ndarray:
         """Sampling noise for ``n`` actions: Gumbel (Categorical, one per logit), standard logistic (Bernoulli) or
         standard normal (Gaussian)."""
@@ -217,15 +231,7 @@ class RolloutCollector:
         act_noise = np.stack([self.noise(N) for _ in range(T)])
         reset_noise = np.stack([self.env.rng.random((N, self.env._dyn_cls.noise_dim)).astype(np.float32)
                                 for _ in range(T)])
-        if self.obs_normalizer is not None:
-            rms = self.obs_normalizer.rms
-            mean = rms.mean.astype(np.float32)
-            inv_std = (1.0 / np.sqrt(rms.var + self.obs_normalizer.epsilon)).astype(np.float32)
-            clip = np.float32(self.obs_normalizer.clip)
-        else:
-            mean = np.zeros(self.spec.obs_dim, np.float32)
-            inv_std = np.ones(self.spec.obs_dim, np.float32)
-            clip = np.float32(np.inf)
+        mean, inv_std, clip = self.normalizer_inputs()
         last_raw, last_value = cell(ms.Tensor(act_noise), ms.Tensor(reset_noise), ms.Tensor(mean),
                                     ms.Tensor(inv_std), ms.Tensor(clip))
         last_value = last_value.asnumpy()

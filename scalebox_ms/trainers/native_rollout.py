@@ -20,6 +20,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ..buffers.device import RolloutBuffer
 from ..envs.native.vector import transition
+from ..ops.clip import normalize_obs
 
 
 def _buffer(shape, dtype, name):
@@ -46,18 +47,13 @@ class CompiledRollout(nn.Cell):
         self.buffer = RolloutBuffer(T, N, spec.obs_dim, () if spec.discrete else (spec.action_dim,), spec.discrete)
         self.obs_raw = _buffer((T, N, spec.obs_dim), np.float32, "rollout_obs_raw")  # for the obs statistics
 
-    def _normalize(self, obs, mean, inv_std, clip):
-        if self.normalize:
-            return ops.clip_by_value((obs - mean) * inv_std, -clip, clip)
-        return obs
-
     @ms.jit
     def construct(self, act_noise, reset_noise, obs_mean, obs_inv_std, obs_clip):
         env = self.env_cell
         t = Tensor(0, ms.int32)
         while t < self.n_steps:
             raw = self.dyn.observe(env.state)
-            obs = self._normalize(raw, obs_mean, obs_inv_std, obs_clip)
+            obs = normalize_obs(self.normalize, raw, obs_mean, obs_inv_std, obs_clip)
             action, log_prob, value = self.model.act(obs, act_noise[t])
             valid = ~env.needs_reset
             # store what was observed BEFORE the env state is overwritten: measured on MindSpore 2.10, a value
@@ -73,4 +69,4 @@ class CompiledRollout(nn.Cell):
             ops.assign(env.needs_reset, done)
             t = t + 1
         raw = self.dyn.observe(env.state)
-        return raw, self.model.value(self._normalize(raw, obs_mean, obs_inv_std, obs_clip))
+        return raw, self.model.value(normalize_obs(self.normalize, raw, obs_mean, obs_inv_std, obs_clip))

@@ -33,6 +33,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from ..config import Config
+from ..config_offpolicy import space_refusal
 from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
 from .core import Callback, Trainer
@@ -76,18 +77,10 @@ class OffPolicyTrainer(Trainer):
         # env 0's generator from, so it would replay env 0's reset noise as exploration noise
         c = self._make_collector(cfg.env.num_envs, stream=2)
         spec = self.spec
-        if spec.image:
+        refusal = space_refusal(algo, spec, cfg.env.id)
+        if refusal:
             c.close()
-            raise ConfigError(f"algo: {algo} does not take image observations yet (its replay buffer stores float "
-                              "vectors); use ppo, or policy.features: mlp to flatten the images")
-        names = {"discrete": "Discrete", "box": "Box", "multidiscrete": "MultiDiscrete", "multibinary": "MultiBinary"}
-        has = names[spec.action_kind]
-        needs = "Discrete" if algo == "dqn" else "Box"
-        if has != needs:
-            c.close()
-            other = {"Discrete": "dqn or ppo", "Box": "sac or td3"}.get(has, "ppo")
-            raise ConfigError(f"algo: {algo} needs a {needs} action space; {cfg.env.id} has {has} actions (use "
-                              f"{other})")
+            raise ConfigError(refusal)
         N = c.num_envs
         self.phase_rows = o.train_freq * N
         if self.phase_rows > o.buffer_size:
@@ -412,16 +405,7 @@ class OffPolicyTrainer(Trainer):
         return acc, n_grad
 
     def _obs_stats(self):
-        norm = self.collector.obs_normalizer
-        D = self.spec.obs_dim
-        if norm is None:
-            return np.zeros(D, np.float32), np.ones(D, np.float32), np.float32(np.inf)
-        if norm.mask is not None:  # encoded one-hots/bits pass through: mean 0, 1/std 1, no clip on those columns
-            mean, inv_std, _, high = norm.constants()
-            return mean, inv_std, high  # a per-column clip (the graph clips to [-clip, clip])
-        rms = norm.rms
-        return (rms.mean.astype(np.float32), (1.0 / np.sqrt(rms.var + norm.epsilon)).astype(np.float32),
-                np.float32(norm.clip))
+        return self.collector.normalizer_inputs()
 
     def _summary_extra(self) -> dict:
         return {"batch_size": self.config.algo_config.batch_size, "n_updates": self.n_updates,

@@ -8,6 +8,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from ..envs.native.vector import transition
+from ..ops.clip import normalize_obs
 
 
 def add_and_train(cell, items, valid, n_grad, n_target, u, noise, lr, obs_mean, obs_inv_std, obs_clip):
@@ -19,8 +20,8 @@ def add_and_train(cell, items, valid, n_grad, n_target, u, noise, lr, obs_mean, 
     i = ops.zeros((), ms.int32)
     while i < n_grad:
         obs, action, reward, next_obs, terminated = cell.replay.gather(u[i])
-        obs = cell._norm(obs, obs_mean, obs_inv_std, obs_clip)
-        next_obs = cell._norm(next_obs, obs_mean, obs_inv_std, obs_clip)
+        obs = normalize_obs(cell.normalize, obs, obs_mean, obs_inv_std, obs_clip)
+        next_obs = normalize_obs(cell.normalize, next_obs, obs_mean, obs_inv_std, obs_clip)
         acc = acc + cell.learner.train_step(obs, action, reward, next_obs, terminated, noise[i], i, lr)
         i = i + 1
     return acc
@@ -37,11 +38,6 @@ class TrainingPhase(nn.Cell):
         super().__init__(auto_prefix=False)
         self.learner, self.replay, self.normalize = learner, replay, normalize
         self.n_stats = len(learner.STATS)
-
-    def _norm(self, obs, mean, inv_std, clip):
-        if self.normalize:
-            return ops.clip_by_value((obs - mean) * inv_std, -clip, clip)
-        return obs
 
     @ms.jit
     def construct(self, items, valid, n_grad, n_target, u, noise, lr, obs_mean, obs_inv_std, obs_clip, act_obs,
@@ -83,11 +79,6 @@ class NativeCycle(nn.Cell):
         self.truncated = _param((T, N), np.float32, "cycle_truncated")
         self.valid = _param((T, N), np.int32, "cycle_valid")
 
-    def _norm(self, obs, mean, inv_std, clip):
-        if self.normalize:
-            return ops.clip_by_value((obs - mean) * inv_std, -clip, clip)
-        return obs
-
     @ms.jit
     def construct(self, use_random, rand, act_eps, act_noise, reset_noise, n_grad, n_target, u, noise, lr, obs_mean,
                   obs_inv_std, obs_clip):
@@ -95,7 +86,7 @@ class NativeCycle(nn.Cell):
         t = ops.zeros((), ms.int32)
         while t < self.n_steps:
             raw = self.dyn.observe(env.state)
-            policy = self.learner.policy(self._norm(raw, obs_mean, obs_inv_std, obs_clip), act_eps[t])
+            policy = self.learner.policy(normalize_obs(self.normalize, raw, obs_mean, obs_inv_std, obs_clip), act_eps[t])
             if self.discrete:
                 a = ops.select(use_random[t] > 0, rand[t], policy)
                 env_action = a
