@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from typing import Optional
 
 from .errors import ConfigError
@@ -32,6 +33,11 @@ class RunLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _read_pid(fd)
+                for _ in range(20):  # the holder writes its pid just after locking: give it a moment
+                    if holder:
+                        break
+                    time.sleep(0.01)
+                    holder = _read_pid(fd)
                 os.close(fd)
                 raise ConfigError(f"run directory {self.run_dir} is in use by another train process"
                                   + (f" (pid {holder})" if holder else "") + f"; its lock is {self.path}") from None

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import REPO, small_config
 from scalebox_ms.errors import CheckpointError, ConfigError
+from scalebox_ms.runlock import RunLock
 from scalebox_ms.trainers.checkpoint import list_checkpoints, read_checkpoint, sidecar_digest
 from scalebox_ms.trainers.run import CheckpointSaver, MetricsWriter, train_run
 
@@ -196,6 +197,21 @@ def test_a_locked_run_directory_is_refused_naming_the_holder(run_copy, tmp_path)
     assert steps_in_metrics(run_copy) == [64, 128, 192]  # untouched while locked
 
 
+def test_a_lock_taken_a_moment_before_its_pid_is_written_still_names_the_holder(tmp_path):
+    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(0.05); "
+            "os.write(fd, str(os.getpid()).encode()); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "train.lock")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=f"\\(pid {holder.pid}\\)"):
+            RunLock(str(tmp_path)).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 @pytest.mark.integration
 def test_two_processes_started_together_on_one_run_dir_one_wins(tmp_path):
     run_dir = tmp_path / "run"
@@ -209,7 +225,7 @@ def test_two_processes_started_together_on_one_run_dir_one_wins(tmp_path):
     codes = sorted(rc for rc, _ in results)
     assert codes == [0, 2], results
     loser = [err for rc, err in results if rc == 2][0]
-    assert "in use by another train process (pid" in loser or "already exists" in loser, loser
+    assert "in use by another train process" in loser or "already exists" in loser, loser
     assert len([line for line in loser.splitlines() if line.startswith("error:")]) == 1, loser
     assert "Traceback" not in loser, loser
     assert steps_in_metrics(run_dir) == list(range(64, 513, 64))
