@@ -20,7 +20,7 @@ _CHOICES = {
     ("ppo", "clip_schedule"): ("constant", "linear"),
     ("sandbox", "device"): ("auto", "cpu", "gpu", "ascend"),
     ("sandbox", "isolation_level"): ("none", "process", "strict"),
-    ("env", "backend"): ("gymnasium", "native"),
+    ("env", "backend"): ("gymnasium", "native", "envpool"),
     ("policy", "layer"): ("dense", "fused"),
     ("policy", "act_kernel"): ("builtin", "custom", "auto"),
     ("ppo", "update_kernel"): ("builtin", "custom", "auto"),
@@ -52,6 +52,10 @@ def validate(cfg: Config) -> None:
         _check(e.preprocess != "atari", "env.preprocess", "atari applies to ale-py envs, not env.backend native")
         _check(s.isolation_level == "none", "sandbox.isolation_level",
                "process isolation applies to gymnasium envs; native envs run inside MindSpore graphs")
+    if e.backend == "envpool":
+        _check(e.preprocess != "atari", "env.preprocess", "atari applies to env.backend gymnasium (ale-py envs)")
+        _check(s.isolation_level == "none", "sandbox.isolation_level",
+               "process isolation applies to gymnasium envs; EnvPool runs its envs in its own C++ threads")
     _check(cfg.policy.act_kernel != "custom" or cfg.amp.level == "O0", "policy.act_kernel",
            f"the custom kernel computes in float32 and cannot run a model cast by amp.level {cfg.amp.level}; "
            "use act_kernel builtin or auto")

@@ -33,6 +33,10 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         if env_id not in SUPPORTED:
             raise ConfigError(f"env.backend: native has no {short_repr(env_id)} (it has {', '.join(SUPPORTED)})")
         return make_native(env_id, num_envs)
+    if backend == "envpool":
+        from .envpool_env import EnvPoolVectorEnv
+
+        return _probed(EnvPoolVectorEnv(env_id, num_envs, kwargs), env_id, kwargs)
     preprocess = atari.resolve(preprocess, env_id)
     if preprocess == "atari" and not atari.is_atari(env_id):
         raise ConfigError(f"env.preprocess: atari needs an ale-py env id (ALE/...), not {short_repr(env_id)}")
@@ -74,6 +78,11 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     if AutoresetMode(autoreset) != AutoresetMode.NEXT_STEP:
         env.close()
         raise ConfigError(f"env.id: {short_repr(env_id)} vector env uses autoreset mode {autoreset}; scalebox_ms needs NEXT_STEP")
+    return _probed(env, env_id, kwargs)
+
+
+def _probed(env, env_id: str, kwargs):
+    """``env`` once its spaces are known to be supported and one probe step works (else closed, ConfigError)."""
     try:
         space_spec(env.single_observation_space, env.single_action_space, env_id, features="mlp")
     except ConfigError:
