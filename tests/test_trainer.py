@@ -173,3 +173,23 @@ def test_load_into_a_trainer_that_already_ran_its_graphs(tmp_path, small_cfg):
     b.learn()
     assert a.parameters_sha256() == b.parameters_sha256()
     a.close(), b.close()
+
+
+def test_eval_callback_evaluates_on_schedule_and_stops_at_the_threshold():
+    from scalebox_ms.trainers import PPOTrainer
+    from scalebox_ms.trainers.callbacks import EvalCallback
+
+    every = EvalCallback(every_steps=100, episodes=2)  # iterations of 64 steps: evaluates at 128, 256
+    trainer = PPOTrainer(small_config())
+    trainer.learn(callbacks=[every])
+    assert [h["step"] for h in every.history] == [128, 256] and every.solved is None
+    assert all(h["eval_s"] > 0 and h["std"] >= 0 for h in every.history)
+    assert 0 < every.history[0]["train_s"] < every.history[1]["train_s"]
+    assert every.eval_s == pytest.approx(sum(h["eval_s"] for h in every.history))
+
+    stop = EvalCallback(every_steps=64, episodes=2, threshold=-1.0)  # any CartPole return solves it
+    trainer = PPOTrainer(small_config())
+    trainer.learn(callbacks=[stop])
+    assert trainer.global_step == 64 and stop.solved == stop.history[0] and stop.solved["mean"] >= 1
+    with pytest.raises(ValueError, match="every_steps"):
+        EvalCallback(every_steps=0)

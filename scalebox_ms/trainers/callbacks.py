@@ -1,0 +1,64 @@
+"""Callbacks for ``learn``: periodic deterministic evaluation, optionally stopping at a return threshold.
+
+:class:`EvalCallback` is what a time-to-solve measurement needs (``benchmarks/time_to_solve.py``) and what SB3
+users know as ``EvalCallback`` + ``StopTrainingOnRewardThreshold``::
+
+    from scalebox_ms.trainers import PPOTrainer
+    from scalebox_ms.trainers.callbacks import EvalCallback
+
+    stop = EvalCallback(every_steps=10_000, episodes=10, threshold=475)
+    PPOTrainer(cfg).learn(callbacks=[stop])
+    stop.solved  # the first evaluation at or above 475: {"step", "train_s", "mean", "std"}, or None
+
+Evaluations run on fresh gymnasium envs of the trainer's ``env.id`` (also for ``env.backend: native``), at the
+first iteration end at or after each multiple of ``every_steps``. ``train_s`` is the wall time since training
+started *without* the time spent in evaluations, so evaluating more often does not make training look slower.
+"""
+from __future__ import annotations
+
+import time
+from typing import List, Optional
+
+import numpy as np
+
+from .core import Callback
+
+
+class EvalCallback(Callback):
+    """Evaluate every ``every_steps`` env steps; stop training once the mean return reaches ``threshold``."""
+
+    def __init__(self, every_steps: int, episodes: int = 10, threshold: Optional[float] = None,
+                 seed: int = 10_000, clock=time.perf_counter):
+        if int(every_steps) < 1:
+            raise ValueError(f"every_steps: must be >= 1, got {every_steps}")
+        if int(episodes) < 1:
+            raise ValueError(f"episodes: must be >= 1, got {episodes}")
+        self.every_steps, self.episodes, self.threshold = int(every_steps), int(episodes), threshold
+        self.seed, self.clock = int(seed), clock
+        self.history: List[dict] = []  # one dict per evaluation: step, train_s, eval_s, mean, std
+        self.solved: Optional[dict] = None
+        self.eval_s = 0.0  # time spent evaluating, in all
+        self._t0 = 0.0
+        self._next = 0
+
+    def on_training_start(self, trainer) -> None:
+        self._t0 = self.clock()
+        self._next = (trainer.global_step // self.every_steps + 1) * self.every_steps
+
+    def on_iteration_end(self, trainer, metrics: dict) -> Optional[bool]:
+        if trainer.global_step < self._next:
+            return None
+        from .evaluation import evaluate_policy
+
+        start = self.clock()
+        returns = np.asarray(evaluate_policy(trainer, episodes=self.episodes, seed=self.seed), float)
+        took = self.clock() - start
+        record = {"step": int(trainer.global_step), "train_s": start - self._t0 - self.eval_s, "eval_s": took,
+                  "mean": float(returns.mean()), "std": float(returns.std())}
+        self.eval_s += took
+        self.history.append(record)
+        self._next = (trainer.global_step // self.every_steps + 1) * self.every_steps
+        if self.threshold is not None and record["mean"] >= self.threshold:
+            self.solved = record
+            return False
+        return None
