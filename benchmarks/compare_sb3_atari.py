@@ -95,8 +95,9 @@ def worker_sb3(env_id: str, seed: int, steps: int) -> dict:
             "curve": curve}
 
 
-def plot(payload: dict, path: str) -> None:
-    """Training-game returns (mean of the last 20 games) against env steps and against wall time, both libraries."""
+def plot(payload: dict, path: str, unit: str = "game") -> None:
+    """Training returns (mean of the last 20 games or episodes) against env steps and against wall time, both
+    libraries."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,7 +115,7 @@ def plot(payload: dict, path: str) -> None:
     axes[0].set_xlabel("env steps")
     axes[1].set_xlabel("training wall time (s)")
     for ax in axes:
-        ax.set_ylabel("game return (last 20 games)")
+        ax.set_ylabel(f"{unit} return (last 20 {unit}s)")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(f"PPO on {payload['env']}, {payload['steps']} steps, seed {payload['seed']} "

@@ -1,0 +1,222 @@
+"""Time-to-solve: wall time from process start until the deterministic eval mean first reaches the task's threshold,
+scalebox_ms presets vs Stable-Baselines3 2.9 PPO at the same hyper-parameters, back to back on one machine.
+
+For every task, each scalebox_ms preset of its family and SB3 (at the hyper-parameters of the task's rl-zoo3 preset,
+built by ``sb3_ppo.py``; no gSDE, which scalebox_ms does not have) train seed by seed, each run in a fresh process.
+Every ``eval_every`` env steps (at the first iteration end at or past each multiple, SB3: the next rollout start,
+i.e. after the update) the policy plays ``--episodes`` deterministic episodes on fresh gymnasium envs, observations
+normalised with the training statistics; a run stops at the first evaluation at or above the threshold, or at the
+preset's ``run.total_steps`` (also the horizon of linear schedules, the same for both libraries).
+
+Reported per run (time spent in evaluations is excluded from both figures and reported separately):
+
+* ``e2e_s``    from the moment the parent launched the process (interpreter start, imports, env and model set-up,
+               compile included) to the solving evaluation
+* ``train_s``  from the start of the training call to the solving evaluation
+* ``steps``    env steps used; ``curve``: (step, e2e_s, eval mean) of every evaluation
+
+Per (task, preset): median/min/max of both times over the seeds that solved, and how many solved.
+
+Needs the [bench] extra:  pip install -e ".[bench]"
+Usage:  python benchmarks/time_to_solve.py [--tasks cartpole acrobot pendulum] [--seeds 0 1 2] [--episodes 10]
+            [--libs scalebox_ms sb3] [--out benchmarks/results/time_to_solve.json]
+            [--plot docs/img/time_to_solve.png] [--plot-only]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+# the first preset of each task is rl-zoo3's: SB3 trains at its hyper-parameters
+TASKS = {
+    "cartpole": {"env": "CartPole-v1", "threshold": 475.0, "eval_every": 8192,
+                 "presets": ["ppo_cartpole.yaml", "ppo_cartpole_native.yaml", "ppo_cartpole_fast.yaml"]},
+    "acrobot": {"env": "Acrobot-v1", "threshold": -100.0, "eval_every": 16384,
+                "presets": ["ppo_acrobot.yaml", "ppo_acrobot_fast.yaml"]},
+    "pendulum": {"env": "Pendulum-v1", "threshold": -200.0, "eval_every": 8192,
+                 "presets": ["ppo_pendulum.yaml", "ppo_pendulum_native.yaml", "ppo_pendulum_fast.yaml"]},
+}
+
+
+def _config(preset: str, seed: int):
+    from scalebox_ms.config import load_config
+
+    return load_config(os.path.join(REPO, "configs", preset),
+                       [f"run.seed={seed}", "run.progress=false", "run.eval_episodes=0", "run.checkpoint_every=0"])
+
+
+def worker_scalebox(task: dict, preset: str, seed: int, episodes: int, launched: float) -> dict:
+    from scalebox_ms.trainers import make_trainer
+    from scalebox_ms.trainers.callbacks import EvalCallback
+
+    trainer = make_trainer(_config(preset, seed))
+    setup_s = time.time() - launched
+    evals = EvalCallback(task["eval_every"], episodes, task["threshold"], seed=10_000 + seed)
+    trainer.learn(callbacks=[evals])
+    curve = [(h["step"], setup_s + h["train_s"], h["mean"]) for h in evals.history]
+    return _result(curve, setup_s, evals.eval_s, task["threshold"], trainer.global_step)
+
+
+def worker_sb3(task: dict, preset: str, seed: int, episodes: int, launched: float) -> dict:
+    import numpy as np
+    import torch
+    from sb3_ppo import sb3_eval_env, sb3_ppo
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    cfg = _config(preset, seed)
+    model, env = sb3_ppo(cfg, seed)
+    eval_env = sb3_eval_env(cfg, env, 10_000 + seed, n_envs=min(episodes, 16))
+    setup_s = time.time() - launched
+    every, curve, spent = task["eval_every"], [], [0.0]
+    t_start = time.perf_counter()
+
+    class Evaluate(BaseCallback):
+        next_at, solved = every, False
+
+        def _on_rollout_start(self):  # SB3 calls it after the update of the previous rollout
+            if self.num_timesteps < self.next_at:
+                return
+            t0 = time.perf_counter()
+            rets, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True,
+                                      return_episode_rewards=True)
+            took = time.perf_counter() - t0
+            curve.append((int(self.num_timesteps), setup_s + t0 - t_start - spent[0], float(np.mean(rets))))
+            spent[0] += took
+            self.next_at = (self.num_timesteps // every + 1) * every
+            self.solved = curve[-1][2] >= task["threshold"]
+
+        def _on_step(self):
+            return not self.solved
+
+    cb = Evaluate()
+    model.learn(total_timesteps=cfg.run.total_steps, callback=cb)
+    if not cb.solved:  # the last update's evaluation, as our trainer does at its last iteration end
+        cb.next_at = 0
+        cb._on_rollout_start()
+    res = _result(curve, setup_s, spent[0], task["threshold"], int(model.num_timesteps))
+    res["torch_threads"] = torch.get_num_threads()
+    return res
+
+
+def _result(curve, setup_s, eval_s, threshold, steps) -> dict:
+    solved = next(((step, e2e) for step, e2e, mean in curve if mean >= threshold), None)
+    return {"solved": solved is not None, "steps": solved[0] if solved else steps,
+            "e2e_s": solved[1] if solved else None, "train_s": solved[1] - setup_s if solved else None,
+            "setup_s": setup_s, "eval_s": eval_s, "best": max((c[2] for c in curve), default=None), "curve": curve}
+
+
+def _summary(runs: list) -> dict:
+    done = [r for r in runs if r["solved"]]
+    out = {"solved": f"{len(done)}/{len(runs)}"}
+    for key in ("e2e_s", "train_s", "steps"):
+        vals = [r[key] for r in done]
+        if vals:
+            out[key] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    return out
+
+
+def plot(payload: dict, path: str) -> None:
+    """Eval return against end-to-end wall time, one panel per task, one colour per (library, preset)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t in TASKS if t in payload["results"]]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for i, (label, entry) in enumerate(payload["results"][task].items()):
+            for j, run in enumerate(entry["runs"]):
+                xs, ys = [c[1] for c in run["curve"]], [c[2] for c in run["curve"]]
+                ax.plot(xs, ys, color=f"C{i}", alpha=0.8, label=label if j == 0 else None, marker=".")
+        ax.axhline(TASKS[task]["threshold"], color="grey", ls="--", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("wall time from process start (s, evaluations excluded)")
+        ax.set_ylabel("deterministic eval return")
+        ax.set_title(TASKS[task]["env"])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"time to solve, {payload['episodes']} eval episodes ({payload['date']}, "
+                 f"{payload['machine']['cpus']} CPUs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--episodes", type=int, default=10)
+    ap.add_argument("--libs", nargs="+", default=["scalebox_ms", "sb3"], choices=["scalebox_ms", "sb3"])
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "time_to_solve.json"))
+    ap.add_argument("--plot", default=os.path.join(REPO, "docs", "img", "time_to_solve.png"))
+    ap.add_argument("--plot-only", action="store_true", help="only redraw --plot from --out")
+    ap.add_argument("--worker", nargs=5, metavar=("LIB", "TASK", "PRESET", "SEED", "LAUNCHED"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.plot_only:
+        with open(args.out) as f:
+            plot(json.load(f), args.plot)
+        return
+    if args.worker:
+        lib, task, preset, seed, launched = args.worker
+        work = worker_scalebox if lib == "scalebox_ms" else worker_sb3
+        print(json.dumps(work(TASKS[task], preset, int(seed), args.episodes, float(launched))))
+        return
+
+    from scalebox_ms.fileio import atomic_write_json
+
+    payload = {"episodes": args.episodes, "seeds": args.seeds, "results": {}, "tasks": {t: TASKS[t] for t in TASKS},
+               "date": time.strftime("%Y-%m-%d %H:%M"), "machine": {"cpus": os.cpu_count()}}
+    if os.path.exists(args.out):  # keep the other tasks' results
+        with open(args.out) as f:
+            payload["results"] = json.load(f).get("results", {})
+    for task in args.tasks:
+        spec = TASKS[task]
+        jobs = [(lib, preset) for lib in args.libs
+                for preset in (spec["presets"] if lib == "scalebox_ms" else spec["presets"][:1])]
+        results = {}
+        for lib, preset in jobs:
+            label = f"{lib} {preset}" if lib == "scalebox_ms" else f"sb3 ({preset})"
+            runs = []
+            for seed in args.seeds:
+                launched = time.time()
+                cmd = [sys.executable, os.path.abspath(__file__), "--episodes", str(args.episodes),
+                       "--worker", lib, task, preset, str(seed), repr(launched)]
+                out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                if out.returncode != 0:
+                    raise SystemExit(f"{label} seed {seed} failed:\n{out.stderr[-3000:]}")
+                run = json.loads(out.stdout.strip().splitlines()[-1])
+                run["seed"], run["process_s"] = seed, time.time() - launched
+                runs.append(run)
+                print(f"{task:9s} {label:38s} seed {seed}: " + (
+                    f"solved at {run['steps']:>8d} steps, {run['e2e_s']:7.2f} s end to end, {run['train_s']:7.2f} s "
+                    f"training" if run["solved"] else f"not solved in {run['steps']} steps (best {run['best']})"),
+                    flush=True)
+            results[label] = {"lib": lib, "preset": preset, "runs": runs, **_summary(runs)}
+            payload["results"][task] = results
+            atomic_write_json(args.out, payload)  # saved as each (library, preset) finishes
+        sb3 = next((r for r in results.values() if r["lib"] == "sb3"), None)
+        for label, entry in results.items():
+            if sb3 and entry["lib"] == "scalebox_ms" and "e2e_s" in entry and "e2e_s" in sb3:
+                entry["e2e_ratio_vs_sb3"] = entry["e2e_s"]["median"] / sb3["e2e_s"]["median"]
+                print(f"{task:9s} {label:38s} median end-to-end {entry['e2e_s']['median']:.2f} s = "
+                      f"{entry['e2e_ratio_vs_sb3']:.2f}x SB3's {sb3['e2e_s']['median']:.2f} s")
+        atomic_write_json(args.out, payload)
+    print(f"wrote {args.out}")
+    os.makedirs(os.path.dirname(args.plot), exist_ok=True)
+    plot(payload, args.plot)
+
+
+if __name__ == "__main__":
+    main()
