@@ -18,7 +18,8 @@ Reported per run (time spent in evaluations is excluded from both figures and re
 Per (task, preset): median/min/max of both times over the seeds that solved, and how many solved.
 
 Needs the [bench] extra:  pip install -e ".[bench]"
-Usage:  python benchmarks/time_to_solve.py [--tasks cartpole acrobot pendulum] [--seeds 0 1 2] [--episodes 10]
+Usage:  python benchmarks/time_to_solve.py [--tasks cartpole acrobot pendulum dqn_cartpole sac_pendulum]
+            [--seeds 0 1 2] [--episodes 10]
             [--libs scalebox_ms sb3] [--out benchmarks/results/time_to_solve.json]
             [--plot docs/img/time_to_solve.png] [--plot-only]
 """
@@ -36,7 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-# the first preset of each task is rl-zoo3's: SB3 trains at its hyper-parameters
+# the first preset of each task is rl-zoo3's: SB3 trains at its hyper-parameters (PPO: built from the preset by
+# sb3_ppo.py; off-policy: compare_sb3_offpolicy.make_sb3_model's task of that name) for its run.total_steps
 TASKS = {
     "cartpole": {"env": "CartPole-v1", "threshold": 475.0, "eval_every": 8192,
                  "presets": ["ppo_cartpole.yaml", "ppo_cartpole_native.yaml", "ppo_cartpole_fast.yaml"]},
@@ -44,7 +46,12 @@ TASKS = {
                 "presets": ["ppo_acrobot.yaml", "ppo_acrobot_fast.yaml"]},
     "pendulum": {"env": "Pendulum-v1", "threshold": -200.0, "eval_every": 8192,
                  "presets": ["ppo_pendulum.yaml", "ppo_pendulum_native.yaml", "ppo_pendulum_fast.yaml"]},
+    "dqn_cartpole": {"env": "CartPole-v1", "threshold": 475.0, "eval_every": 2500, "presets": ["dqn_cartpole.yaml"],
+                     "sb3": "dqn_cartpole"},
+    "sac_pendulum": {"env": "Pendulum-v1", "threshold": -200.0, "eval_every": 1000,
+                     "presets": ["sac_pendulum.yaml", "sac_pendulum_native.yaml"], "sb3": "sac_pendulum"},
 }
+DEFAULT_TASKS = ["cartpole", "acrobot", "pendulum", "dqn_cartpole", "sac_pendulum"]
 
 
 def _config(preset: str, seed: int):
@@ -74,7 +81,13 @@ def worker_sb3(task: dict, preset: str, seed: int, episodes: int, launched: floa
     from stable_baselines3.common.evaluation import evaluate_policy
 
     cfg = _config(preset, seed)
-    model, env = sb3_ppo(cfg, seed)
+    if "sb3" in task:  # an off-policy task: rl-zoo3's settings as compare_sb3_offpolicy.py builds them
+        from compare_sb3_offpolicy import make_sb3_model
+
+        model = make_sb3_model(task["sb3"], seed)
+        env = model.get_env()
+    else:
+        model, env = sb3_ppo(cfg, seed)
     eval_env = sb3_eval_env(cfg, env, 10_000 + seed, n_envs=min(episodes, 16))
     setup_s = time.time() - launched
     every, curve, spent = task["eval_every"], [], [0.0]
@@ -83,7 +96,7 @@ def worker_sb3(task: dict, preset: str, seed: int, episodes: int, launched: floa
     class Evaluate(BaseCallback):
         next_at, solved = every, False
 
-        def _on_rollout_start(self):  # SB3 calls it after the update of the previous rollout
+        def _on_rollout_start(self):  # SB3 calls it after the update(s) of the previous rollout (train_freq cycle)
             if self.num_timesteps < self.next_at:
                 return
             t0 = time.perf_counter()
@@ -126,24 +139,35 @@ def _summary(runs: list) -> dict:
 
 
 def plot(payload: dict, path: str) -> None:
-    """Eval return against end-to-end wall time, one panel per task, one colour per (library, preset)."""
+    """Eval return against end-to-end wall time, one panel per task; SB3 in black, each preset its own colour."""
+    import math
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     tasks = [t for t in TASKS if t in payload["results"]]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        for i, (label, entry) in enumerate(payload["results"][task].items()):
+    cols = min(3, len(tasks))
+    rows = math.ceil(len(tasks) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows), squeeze=False)
+    for ax in axes.flat[len(tasks):]:
+        ax.set_visible(False)
+    for ax, task in zip(axes.flat, tasks):
+        presets = TASKS[task]["presets"]
+        for label, entry in payload["results"][task].items():
+            color = "black" if entry["lib"] == "sb3" else f"C{presets.index(entry['preset'])}"
             for j, run in enumerate(entry["runs"]):
                 xs, ys = [c[1] for c in run["curve"]], [c[2] for c in run["curve"]]
-                ax.plot(xs, ys, color=f"C{i}", alpha=0.8, label=label if j == 0 else None, marker=".")
+                ax.plot(xs, ys, color=color, alpha=0.75, label=label if j == 0 else None, marker=".")
         ax.axhline(TASKS[task]["threshold"], color="grey", ls="--", lw=1)
         ax.set_xscale("log")
-        ax.set_xlabel("wall time from process start (s, evaluations excluded)")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("s from process start (evaluations excluded)")
         ax.set_ylabel("deterministic eval return")
-        ax.set_title(TASKS[task]["env"])
+        ax.set_title(f"{task.split('_')[0].upper() if '_' in task else 'PPO'} {TASKS[task]['env']}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"time to solve, {payload['episodes']} eval episodes ({payload['date']}, "
@@ -155,7 +179,7 @@ def plot(payload: dict, path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=list(TASKS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--episodes", type=int, default=10)
     ap.add_argument("--libs", nargs="+", default=["scalebox_ms", "sb3"], choices=["scalebox_ms", "sb3"])
@@ -178,9 +202,11 @@ def main() -> None:
 
     payload = {"episodes": args.episodes, "seeds": args.seeds, "results": {}, "tasks": {t: TASKS[t] for t in TASKS},
                "date": time.strftime("%Y-%m-%d %H:%M"), "machine": {"cpus": os.cpu_count()}}
+    payload["task_dates"] = {}
     if os.path.exists(args.out):  # keep the other tasks' results
         with open(args.out) as f:
-            payload["results"] = json.load(f).get("results", {})
+            old = json.load(f)
+        payload["results"], payload["task_dates"] = old.get("results", {}), old.get("task_dates", {})
     for task in args.tasks:
         spec = TASKS[task]
         jobs = [(lib, preset) for lib in args.libs
@@ -205,6 +231,7 @@ def main() -> None:
                     flush=True)
             results[label] = {"lib": lib, "preset": preset, "runs": runs, **_summary(runs)}
             payload["results"][task] = results
+            payload["task_dates"][task] = time.strftime("%Y-%m-%d %H:%M")
             atomic_write_json(args.out, payload)  # saved as each (library, preset) finishes
         sb3 = next((r for r in results.values() if r["lib"] == "sb3"), None)
         for label, entry in results.items():
