@@ -28,6 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
 
 
 def worker_scalebox(env_id: str, seed: int, steps: int) -> dict:
@@ -66,11 +67,11 @@ def worker_scalebox(env_id: str, seed: int, steps: int) -> dict:
 def worker_sb3(env_id: str, seed: int, steps: int) -> dict:
     import numpy as np
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.vec_env import VecFrameStack
 
     import ale_py  # noqa: F401  (registers the ALE ids)
+    from sb3_ppo import sb3_episode_curve
 
     def linear(v):
         return lambda progress_remaining: progress_remaining * v
@@ -79,15 +80,7 @@ def worker_sb3(env_id: str, seed: int, steps: int) -> dict:
     model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=linear(2.5e-4),
                 clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, seed=seed, device="cpu", verbose=0)
     curve, t1 = [], time.perf_counter()
-
-    class Curve(BaseCallback):
-        def _on_step(self):
-            for info in self.locals["infos"]:
-                if "episode" in info:
-                    curve.append((int(self.num_timesteps), time.perf_counter() - t1, float(info["episode"]["r"])))
-            return True
-
-    model.learn(total_timesteps=steps, callback=Curve())
+    model.learn(total_timesteps=steps, callback=sb3_episode_curve(curve, t1))
     train_s = time.perf_counter() - t1
     last = [c[2] for c in curve[-100:]]
     return {"train_s": train_s, "steps": int(model.num_timesteps), "games": len(curve),

@@ -71,22 +71,13 @@ def worker_scalebox(env_id: str, seed: int, steps: int, episodes: int) -> dict:
 def worker_sb3(env_id: str, seed: int, steps: int, episodes: int) -> dict:
     import numpy as np
     import torch
-    from sb3_ppo import sb3_eval_env, sb3_ppo
-    from stable_baselines3.common.callbacks import BaseCallback
+    from sb3_ppo import sb3_episode_curve, sb3_eval_env, sb3_ppo
     from stable_baselines3.common.evaluation import evaluate_policy
 
     cfg = _preset(env_id)
     model, env = sb3_ppo(cfg, seed)
     curve, t1 = [], time.perf_counter()
-
-    class Curve(BaseCallback):
-        def _on_step(self):
-            for info in self.locals["infos"]:
-                if "episode" in info:
-                    curve.append((int(self.num_timesteps), time.perf_counter() - t1, float(info["episode"]["r"])))
-            return True
-
-    model.learn(total_timesteps=steps, callback=Curve())
+    model.learn(total_timesteps=steps, callback=sb3_episode_curve(curve, t1))
     train_s = time.perf_counter() - t1
     rets, _ = evaluate_policy(model, sb3_eval_env(cfg, env, 10_000 + seed), n_eval_episodes=episodes,
                               deterministic=True, return_episode_rewards=True)

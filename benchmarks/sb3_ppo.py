@@ -45,3 +45,20 @@ def sb3_eval_env(cfg, train_env, seed: int, n_envs: int = 1):
                            clip_obs=train_env.clip_obs)
         env.obs_rms = train_env.obs_rms
     return env
+
+
+def sb3_episode_curve(curve: list, start: float):
+    """An SB3 callback appending (env step, seconds since ``start``, raw return) to ``curve`` for every finished
+    training episode (SB3's ``Monitor`` info)."""
+    import time
+
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class EpisodeCurve(BaseCallback):
+        def _on_step(self):
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    curve.append((int(self.num_timesteps), time.perf_counter() - start, float(info["episode"]["r"])))
+            return True
+
+    return EpisodeCurve()
