@@ -1,8 +1,8 @@
 """SAC (Haarnoja et al. 2018, with the learned temperature of the 2019 version) as SB3 runs it.
 
 All of SAC's maths is here, as graph code run inside the off-policy core's compiled training phase
-(:mod:`.offpolicy`). One gradient step on a batch (s, a, r, s', d) -- d is *terminated* only --, in SB3's order,
-with a~ ~ pi(.|s) and a' ~ pi(.|s') reparameterised samples of the tanh-squashed Gaussian actor::
+(:mod:`.offpolicy`). One gradient step on a batch (s, a, r, s', d) -- d is *terminated* only --, with a~ ~ pi(.|s)
+and a' ~ pi(.|s') reparameterised samples of the tanh-squashed Gaussian actor::
 
     alpha      = exp(log_alpha)                                   (before its own update)
     J(alpha)   = -mean(log_alpha * (log pi(a~|s) + H_target))      temperature step (ent_coef 'auto')
@@ -11,10 +11,14 @@ with a~ ~ pi(.|s) and a' ~ pi(.|s') reparameterised samples of the tanh-squashed
     J(pi)      = mean(alpha * log pi(a~|s) - min_k Q_k(s, a~))      actor step (with the updated critics)
     Q_target  <- (1 - tau) Q_target + tau Q                         every target_update_interval steps
 
-Each of the three has its own Adam (same learning rate). The standard-normal noise of both samples is drawn by
-the trainer's seeded Generator and passed in, so runs are reproducible and resumable bit for bit. Each of the three
-updates is skipped (weights untouched, see :func:`~scalebox_ms.models.offpolicy.guarded_update`) when its loss or
-gradients are not finite (``nonfinite_updates`` counts steps whose critic or actor update was skipped). Actions are in [-1, 1]; the trainer maps them to the Box.
+Each of the three has its own Adam (same learning rate). The temperature step is the same as SB3's, which makes it
+first: it reads log pi(a~|s) of the actor loss's forward pass (the actor before its update, so the same numbers)
+and runs after the actor step, saving one actor forward pass; nothing before it reads the updated temperature.
+The standard-normal noise of both samples is drawn by the trainer's seeded Generator and passed in, so runs are
+reproducible and resumable bit for bit. Each of the three updates is skipped (weights untouched, see
+:func:`~scalebox_ms.models.offpolicy.guarded_update`) when its loss or gradients are not finite
+(``nonfinite_updates`` counts steps whose critic or actor update was skipped). Actions are in [-1, 1]; the
+trainer maps them to the Box.
 """
 from __future__ import annotations
 
@@ -57,7 +61,7 @@ class _ActorLoss(nn.Cell):
         action, log_prob = self.actor.action_log_prob(obs, eps)
         q0, q1 = self.critic(obs, action)
         loss = (alpha * log_prob - ops.minimum(q0, q1)).mean()
-        return loss * scale, loss, log_prob.mean()
+        return loss * scale, loss, log_prob
 
 
 class SACLearner(Learner):
@@ -99,22 +103,24 @@ class SACLearner(Learner):
 
     def train_step(self, obs, action, reward, next_obs, terminated, noise, i, lr):
         eps_pi, eps_next = noise[0], noise[1]
-        _, log_prob = self.actor.action_log_prob(obs, eps_pi)
-        log_prob = ops.stop_gradient(log_prob)
-        alpha = ops.exp(self.log_alpha)[0]
+        alpha = ops.exp(self.log_alpha)[0]  # (the temperature before its update is used throughout the step)
         scale, inv_scale = self.scale(), self.inv_scale()  # (AMP loss scale; 1 and None in float32)
-        alpha_loss = ops.zeros((), ms.float32)
-        alpha_ok = ops.ones((), ms.bool_)
-        if self.learn_alpha:  # (static)
-            (_, alpha_loss), alpha_grads = self.alpha_grad(log_prob + self.target_entropy, scale)
-            alpha_ok = guarded_update(self.alpha_optimizer, alpha_grads, alpha_loss, lr, None, inv_scale)
         next_action, next_log_prob = self.actor.action_log_prob(next_obs, eps_next)
         nq0, nq1 = self.critic_target(next_obs, next_action)
         y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * (ops.minimum(nq0, nq1) - alpha * next_log_prob))
         (_, critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y, scale)
         critic_ok = guarded_update(self.critic_optimizer, critic_grads, critic_loss, lr, None, inv_scale)
-        (_, actor_loss, mean_log_prob), actor_grads = self.actor_grad(obs, eps_pi, alpha, scale)
+        (_, actor_loss, log_prob), actor_grads = self.actor_grad(obs, eps_pi, alpha, scale)
         actor_ok = guarded_update(self.actor_optimizer, actor_grads, actor_loss, lr, None, inv_scale)
+        # J(alpha) last: it reads log pi(a~|s) of the actor loss's forward pass (the actor before its update, the
+        # same numbers as a separate forward pass at the start, which SB3 makes) and changes nothing used above
+        log_prob = ops.stop_gradient(log_prob)
+        mean_log_prob = log_prob.mean()
+        alpha_loss = ops.zeros((), ms.float32)
+        alpha_ok = ops.ones((), ms.bool_)
+        if self.learn_alpha:  # (static)
+            (_, alpha_loss), alpha_grads = self.alpha_grad(log_prob + self.target_entropy, scale)
+            alpha_ok = guarded_update(self.alpha_optimizer, alpha_grads, alpha_loss, lr, None, inv_scale)
         self.end_step(ops.logical_and(alpha_ok, ops.logical_and(critic_ok, actor_ok)))
         if self.target_every == 1:  # (static: no graph branch in the common case)
             polyak(self.target_params, self.online_params, self.tau)
