@@ -2,7 +2,8 @@
 
 Layouts are Stable-Baselines3's ``MlpPolicy`` ones, so hyper-parameters tuned for SB3 carry over:
 
-* :class:`QNetwork` (DQN): obs -> MLP(``vf_layers``) -> one Q value per action.
+* :class:`QNetwork` (DQN): obs -> MLP(``vf_layers``) -> one Q value per action; image observations go through
+  a NatureCNN first (``vf_layers`` then defaults to none, as SB3's ``CnnPolicy``).
 * :class:`TwinCritic` (SAC, TD3): two independent MLPs (``vf_layers``) on ``concat(obs, action)`` -> Q.
 * :class:`SquashedGaussianActor` (SAC): obs -> MLP(``pi_layers``, activation after every layer) -> mean and
   log-std heads; ``a = tanh(mean + std * eps)`` with the log-probability of the squashed sample
@@ -46,14 +47,24 @@ def _head(in_dim: int, out_dim: int, ortho: bool, gain: float = 1.0) -> nn.Dense
 
 
 class QNetwork(nn.Cell):
-    """obs (B, obs_dim) -> Q values (B, n_actions)."""
+    """obs (B, obs_dim) -> Q values (B, n_actions); with ``cnn`` (the keyword arguments of
+    :class:`~scalebox_ms.models.cnn.NatureCNN`) uint8 images (B, C, H, W) -> NatureCNN features -> the MLP
+    (SB3's DQN ``CnnPolicy``; ``features.*`` Parameters, ``q_net`` reads the features)."""
 
-    def __init__(self, obs_dim: int, n_actions: int, layers, activation: str = "relu", ortho: bool = False):
+    def __init__(self, obs_dim: int, n_actions: int, layers, activation: str = "relu", ortho: bool = False,
+                 cnn=None):
         super().__init__()
+        self.features = None
+        if cnn is not None:
+            from .cnn import NatureCNN
+
+            self.features = NatureCNN(**cnn)
+            obs_dim = self.features.features_dim
         self.q_net = mlp(obs_dim, list(layers), n_actions, activation, ortho, 1.0)
 
     def construct(self, obs):
-        return self.q_net(obs).astype(ms.float32)  # (float32 maths after a low-precision net under AMP)
+        x = obs if self.features is None else self.features(obs)
+        return self.q_net(x).astype(ms.float32)  # (float32 maths after a low-precision net under AMP)
 
 
 class TwinCritic(nn.Cell):

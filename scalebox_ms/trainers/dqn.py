@@ -22,6 +22,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from ..errors import ConfigError
 from ..models.offpolicy import AdamGroup, Learner, QNetwork, guarded_update, polyak
 from .offpolicy import OffPolicyTrainer
 
@@ -48,8 +49,12 @@ class DQNLearner(Learner):
     def __init__(self, spec, policy_cfg, cfg, amp=None):
         super().__init__()
         args = (spec.obs_dim, spec.action_dim, policy_cfg.vf_layers, policy_cfg.activation, policy_cfg.ortho_init)
-        self.q = QNetwork(*args)
-        self.q_target = QNetwork(*args)
+        cnn = None
+        if spec.image:  # uint8 (C, H, W) frames: NatureCNN features, then the vf_layers MLP (SB3's CnnPolicy)
+            cnn = {"image_shape": spec.image_shape, "channels": tuple(policy_cfg.cnn_channels),
+                   "features_dim": policy_cfg.cnn_features_dim, "ortho": policy_cfg.ortho_init}
+        self.q = QNetwork(*args, cnn=cnn)
+        self.q_target = QNetwork(*args, cnn=cnn)
         for t, s in zip(self.q_target.get_parameters(), self.q.get_parameters()):
             t.set_data(s.data.copy())
             t.requires_grad = False
@@ -76,6 +81,11 @@ class DQNLearner(Learner):
         ok = guarded_update(self.optimizer, grads, loss, lr, self.max_grad_norm, self.inv_scale())  # (non-finite:
         self.end_step(ok)                                                                          # untouched)
         return ops.stack([loss, q_mean, 1.0 - ok.astype(ms.float32)])
+
+    @property
+    def features(self):
+        """The Q-network's NatureCNN (image observations) or None: what INT8 export quantizes before ``q_net``."""
+        return self.q.features
 
     def policy(self, obs, noise):
         """The greedy action (B,) int32 (``noise`` unused)."""
@@ -131,13 +141,22 @@ class DQNTrainer(OffPolicyTrainer):
         super().__init__(*args, **kwargs)
         from ..config_offpolicy import HOST_ACTING_MAX_MACS
 
-        host = HostQNetwork(self.learner.q.q_net)
         choice = self.config.dqn.host_acting
-        use = choice is True or (choice == "auto" and host.macs <= HOST_ACTING_MAX_MACS)
-        self.host_q = host if use else None
-        if choice == "auto":
-            self.log.info("dqn.host_acting auto: %s (Q-network %d multiply-adds per observation, limit %d)",
-                          "numpy copy" if use else "compiled graph", host.macs, HOST_ACTING_MAX_MACS)
+        if self.learner.features is not None:  # the numpy copy is an MLP: a CNN Q-network acts in the graph
+            if choice is True:
+                self.close()
+                raise ConfigError("dqn.host_acting: true needs an MLP Q-network; image observations use a NatureCNN "
+                                  "(set auto or false)")
+            self.host_q = None
+            if choice == "auto":
+                self.log.info("dqn.host_acting auto: compiled graph (image observations: a NatureCNN Q-network)")
+        else:
+            host = HostQNetwork(self.learner.q.q_net)
+            use = choice is True or (choice == "auto" and host.macs <= HOST_ACTING_MAX_MACS)
+            self.host_q = host if use else None
+            if choice == "auto":
+                self.log.info("dqn.host_acting auto: %s (Q-network %d multiply-adds per observation, limit %d)",
+                              "numpy copy" if use else "compiled graph", host.macs, HOST_ACTING_MAX_MACS)
         self._host_stale = True
 
     def _policy(self):

@@ -88,9 +88,9 @@ class OffPolicyTrainer(Trainer):
                               f"{algo}.train_freq x env.num_envs = {self.phase_rows} transitions")
         self.gradient_steps = o.gradient_steps if o.gradient_steps > 0 else self.phase_rows
         act_shape, act_dtype = self._replay_action_spec()
-        obs_shape = (spec.obs_dim,)
-        fields = {"obs": (obs_shape, np.float32), "action": (act_shape, act_dtype), "reward": ((), np.float32),
-                  "next_obs": (obs_shape, np.float32), "terminated": ((), np.float32)}
+        obs_shape, obs_dtype = spec.obs_shape, (np.uint8 if spec.image else np.float32)  # (images stay uint8)
+        fields = {"obs": (obs_shape, obs_dtype), "action": (act_shape, act_dtype), "reward": ((), np.float32),
+                  "next_obs": (obs_shape, obs_dtype), "terminated": ((), np.float32)}
         row = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for s, d in fields.values())
         check_fits(f"{algo}.buffer_size", f"a replay buffer of {algo}.buffer_size = {o.buffer_size} transitions",
                    (o.buffer_size + 1) * row, getattr(self.sandbox, "memory_limit_bytes", None))
@@ -225,7 +225,8 @@ class OffPolicyTrainer(Trainer):
 
     def _iteration(self) -> dict:
         o, c, rng, N = self.config.algo_config, self.collector, self.rng, self.num_envs
-        T, D = self._phase_steps, self.spec.obs_dim
+        T, obs_shape = self._phase_steps, self.spec.obs_shape
+        obs_dtype = np.uint8 if self.spec.image else np.float32
         act_shape, act_dtype = self._replay_action_spec()
         clock = time.perf_counter
         t_iter = clock()
@@ -241,8 +242,8 @@ class OffPolicyTrainer(Trainer):
                 grad_steps += n_grad
                 self._check_nonfinite(acc, n_grad)
                 continue
-            obs_b = np.zeros((T, N, D), np.float32)
-            next_b = np.zeros((T, N, D), np.float32)
+            obs_b = np.zeros((T, N) + obs_shape, obs_dtype)
+            next_b = np.zeros((T, N) + obs_shape, obs_dtype)
             act_b = np.zeros((T, N) + act_shape, act_dtype)
             rew_b = np.zeros((T, N), np.float32)
             term_b = np.zeros((T, N), np.float32)
@@ -279,8 +280,9 @@ class OffPolicyTrainer(Trainer):
             needs_policy = self.global_step >= o.learning_starts
             act_noise = self._act_noise_or_zeros(rng, N) if needs_policy else self._no_act_noise
             mean, inv_std, clip = self._obs_stats()
-            items = ms.mutable((Tensor(obs_b.reshape(T * N, D)), Tensor(act_b.reshape((T * N,) + act_shape)),
-                     Tensor(rew_b.reshape(-1)), Tensor(next_b.reshape(T * N, D)), Tensor(term_b.reshape(-1))))
+            items = ms.mutable((Tensor(obs_b.reshape((T * N,) + obs_shape)),
+                                Tensor(act_b.reshape((T * N,) + act_shape)), Tensor(rew_b.reshape(-1)),
+                                Tensor(next_b.reshape((T * N,) + obs_shape)), Tensor(term_b.reshape(-1))))
             # (items is mutable: a plain tuple argument is a compile-time constant, recompiled every call)
             out, acc = self.phase(items, Tensor(valid_b.reshape(-1)), Tensor(np.int32(n_grad)),
                                   Tensor(np.int32(n_target)), Tensor(u), Tensor(noise),
@@ -413,6 +415,9 @@ class OffPolicyTrainer(Trainer):
                 "graph_calls_per_iteration": None}
 
     # ------------------------------------------------------------------ state
+    #: sidecar keys that belong to the episodes in flight (None in checkpoints whose resume starts fresh episodes)
+    INFLIGHT_EXTRA = ("raw_obs", "pending")
+
     def _sidecar_extra(self) -> dict:
         c = self.collector
         return {"raw_obs": None if c.raw_obs is None else c.raw_obs.tolist(),
@@ -423,7 +428,7 @@ class OffPolicyTrainer(Trainer):
     def _restore_extra(self, sc: dict) -> None:
         self.n_updates = int(sc.get("n_updates", 0))
         if sc.get("raw_obs") is not None:
-            self.collector.raw_obs = np.asarray(sc["raw_obs"], np.float32)
+            self.collector.raw_obs = np.asarray(sc["raw_obs"], np.uint8 if self.spec.image else np.float32)
         act_shape, act_dtype = self._replay_action_spec()
         self._pending = None if sc.get("pending") is None else np.asarray(sc["pending"], act_dtype)
         inflight = sc.get("inflight") or {}

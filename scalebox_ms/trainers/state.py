@@ -98,6 +98,8 @@ def save(trainer, prefix: str) -> str:
                                      "a resumed run starts fresh episodes")
         # fresh episodes on resume: the in-flight observations would go unused (Atari: ~1 MB of frames as JSON)
         sidecar["inflight"] = {"fresh_episodes": True}
+        for key in getattr(trainer, "INFLIGHT_EXTRA", ()):  # the algorithm's own in-flight keys, unused likewise
+            sidecar[key] = None
     return write_checkpoint(prefix, tensors, sidecar, env_obj=snapshot, replay=trainer._replay_state())
 
 
