@@ -53,7 +53,13 @@ def validate(cfg: Config) -> None:
         _check(s.isolation_level == "none", "sandbox.isolation_level",
                "process isolation applies to gymnasium envs; native envs run inside MindSpore graphs")
     if e.backend == "envpool":
-        _check(e.preprocess != "atari", "env.preprocess", "atari applies to env.backend gymnasium (ale-py envs)")
+        from .envs.atari import is_atari
+
+        _check(e.preprocess != "atari" or is_atari(e.id), "env.preprocess",
+               f"atari needs an ale-py env id (ALE/...), not {short_repr(e.id)}")
+        _check(e.preprocess != "none" or not is_atari(e.id), "env.preprocess",
+               f"none with env.backend envpool: EnvPool's Atari envs always preprocess ({short_repr(e.id)}); use auto "
+               "(or env.backend gymnasium for raw frames)")
         _check(s.isolation_level == "none", "sandbox.isolation_level",
                "process isolation applies to gymnasium envs; EnvPool runs its envs in its own C++ threads")
     _check(cfg.policy.act_kernel != "custom" or cfg.amp.level == "O0", "policy.act_kernel",

@@ -60,7 +60,7 @@ def test_truncates_at_the_time_limit():
 
 @pytest.mark.parametrize("env_id, culprit", [
     ("NoSuchEnv-v0", "env.backend: envpool has no 'NoSuchEnv-v0'"),
-    ("ALE/Breakout-v5", "env.backend: envpool is not used for Atari"),
+    ("ALE/NoSuchGame-v5", "env.backend: envpool has no 'ALE/NoSuchGame-v5'"),
 ])
 def test_ids_envpool_cannot_run_are_one_line_errors(env_id, culprit):
     from scalebox_ms.envs import make_vec_env
@@ -80,7 +80,9 @@ def test_without_the_extra_the_error_names_it(monkeypatch):
 
 @pytest.mark.parametrize("sets, culprit", [
     ({"env": {"backend": "envpool"}, "sandbox": {"isolation_level": "process"}}, "sandbox.isolation_level"),
-    ({"env": {"backend": "envpool", "preprocess": "atari"}}, "env.preprocess"),
+    ({"env": {"backend": "envpool", "preprocess": "atari"}}, "env.preprocess: atari needs an ale-py env id"),
+    ({"env": {"backend": "envpool", "id": "ALE/Breakout-v5", "preprocess": "none"}},
+     "env.preprocess: none with env.backend envpool"),
 ])
 def test_config_errors(sets, culprit):
     from scalebox_ms import Config
@@ -115,3 +117,56 @@ def test_halfcheetah_runs_and_resumes_with_fresh_episodes(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads(resumed.stdout)["global_step"] == 512
 
+
+
+# ---------------------------------------------------------------------------------------------- Atari
+def test_atari_preprocesses_like_the_gymnasium_pipeline_and_reports_whole_games():
+    """EnvPool's Atari (ALE/Breakout-v5 -> Breakout-v5) gives the gymnasium pipeline's spaces; a lost life ends a
+    training episode, rewards are clipped, and a game's unclipped return is reported once, when it is over."""
+    from scalebox_ms.envs import make_vec_env
+
+    ep = make_vec_env("ALE/Breakout-v5", 4, backend="envpool", preprocess="auto")
+    gym_env = make_vec_env("ALE/Breakout-v5", 1, preprocess="auto")
+    try:
+        assert ep.single_observation_space == gym_env.single_observation_space  # uint8 (4, 84, 84)
+        assert ep.single_action_space == gym_env.single_action_space
+        obs, _ = ep.reset(seed=0)
+        assert obs.shape == (4, 4, 84, 84) and obs.dtype == np.uint8
+        rng = np.random.default_rng(0)
+        raw = np.zeros(4)
+        games = life_ends = 0
+        for _ in range(2500):
+            obs, reward, term, trunc, info = ep.step(rng.integers(0, 4, 4))
+            assert set(np.unique(reward)) <= {-1.0, 0.0, 1.0}  # clipped to its sign
+            raw += info["reward"]  # EnvPool's unclipped reward
+            over = (info["terminated"] > 0) | trunc
+            life_ends += int((term & ~over).sum())
+            ended = info.get("_game_return", np.zeros(4, bool))
+            np.testing.assert_array_equal(ended, over)
+            for i in np.flatnonzero(ended):
+                assert info["game_return"][i] == raw[i]
+                assert info["game_length"][i] == 4 * info["elapsed_step"][i]
+                raw[i] = 0.0
+                games += 1
+        assert games >= 4 and life_ends >= 4 * games  # Breakout: 5 lives per game
+    finally:
+        ep.close()
+        gym_env.close()
+
+
+def test_ppo_trains_on_envpool_breakout_and_counts_games(tmp_path):
+    from scalebox_ms import Config
+    from scalebox_ms.trainers import PPOTrainer
+
+    tr = PPOTrainer(Config.from_dict({
+        "env": {"id": "ALE/Breakout-v5", "num_envs": 4, "backend": "envpool"},
+        "policy": {"pi_layers": [], "vf_layers": [], "cnn_channels": [8, 16, 16], "cnn_features_dim": 64},
+        "ppo": {"n_steps": 128, "batch_size": 128, "n_epochs": 1},
+        "run": {"seed": 0, "total_steps": 2048, "progress": False}}))
+    try:
+        assert type(tr.collector.env).__name__ == "EnvPoolVectorEnv"
+        tr.learn()
+        c = tr.collector
+        assert c.episodes >= 1 and min(c.episode_lengths) > 100  # whole games (frames), not lives
+    finally:
+        tr.close()

@@ -10,7 +10,15 @@ the collector expects of every backend. :class:`EnvPoolVectorEnv` adds what EnvP
 What differs from gymnasium's envs: EnvPool's own implementations (and its own reset noise), so episodes differ for
 the same seed; a pool cannot be pickled, so checkpoints resume with fresh episodes seeded from (seed, step), as for
 MuJoCo; ``env.kwargs`` go to ``envpool.make_gymnasium``. Evaluation, as for every backend, runs gymnasium's env of
-the same id. Atari ids are refused: EnvPool's Atari preprocessing is its own, and evaluation would run ours.
+the same id.
+
+Atari (``ALE/Breakout-v5`` -> EnvPool's ``Breakout-v5``, ``env.preprocess`` auto/atari): EnvPool preprocesses in
+C++ with the settings of :data:`ATARI_TRAINING`, chosen to match the gymnasium training pipeline of
+:mod:`.atari` (no-op reset, frame skip 4 with max-pooling, 84x84 grey by INTER_AREA, a lost life ends the training
+episode, rewards clipped to their sign, 4 frames stacked, ALE v5's sticky actions and 27,000-step limit). Whole
+games are reported as :class:`~.atari.GameStats` does (``info["game_return"]`` from EnvPool's unclipped
+``info["reward"]``, at the step where ``info["terminated"]`` says the game is over); ``game_length`` counts agent
+steps times the frame skip (EnvPool's ``elapsed_step``; the no-op frames of the reset are not counted).
 """
 from __future__ import annotations
 
@@ -34,27 +42,46 @@ def _envpool():
     return envpool
 
 
-def check_id(env_id: str) -> None:
-    """ConfigError unless EnvPool has ``env_id`` (and it is not an Atari game)."""
-    envpool = _envpool()
+#: EnvPool's Atari options for training envs: the gymnasium pipeline's settings (envs/atari.py)
+ATARI_TRAINING = {"noop_max": 30, "frame_skip": 4, "img_height": 84, "img_width": 84, "gray_scale": True,
+                  "use_inter_area_resize": True, "episodic_life": True, "reward_clip": True, "stack_num": 4,
+                  "use_fire_reset": True, "repeat_action_probability": 0.25, "max_episode_steps": 27_000}
+
+
+def pool_id(env_id: str) -> str:
+    """EnvPool's id of ``env_id``: ale-py's ``ALE/Breakout-v5`` is EnvPool's ``Breakout-v5``."""
     from .atari import is_atari
 
-    if is_atari(env_id):
-        raise ConfigError(f"env.backend: envpool is not used for Atari ({short_repr(env_id)}): its preprocessing "
-                          "differs from the evaluation's; use env.backend gymnasium")
-    if env_id not in envpool.list_all_envs():
+    return env_id.split(":", 1)[-1][len("ALE/"):] if is_atari(env_id) else env_id
+
+
+def check_id(env_id: str) -> None:
+    """ConfigError unless EnvPool has ``env_id``."""
+    envpool = _envpool()
+    if pool_id(env_id) not in envpool.list_all_envs():
         raise ConfigError(f"env.backend: envpool has no {short_repr(env_id)} (envpool.list_all_envs() lists its ids)")
 
 
 class EnvPoolVectorEnv:
     """``num_envs`` EnvPool envs of ``env_id`` behind gymnasium's ``VectorEnv`` interface (NEXT_STEP autoreset)."""
 
-    def __init__(self, env_id: str, num_envs: int, kwargs: Optional[dict] = None, seed: int = 0):
+    def __init__(self, env_id: str, num_envs: int, kwargs: Optional[dict] = None, seed: int = 0,
+                 preprocess: str = "none"):
         from gymnasium.vector import AutoresetMode
         from gymnasium.vector.utils import batch_space
 
+        from .atari import is_atari
+
         check_id(env_id)
         self.env_id, self.num_envs, self.kwargs = env_id, int(num_envs), dict(kwargs or {})
+        self.atari = preprocess == "atari"
+        if self.atari and not is_atari(env_id):
+            raise ConfigError(f"env.preprocess: atari needs an ale-py env id (ALE/...), not {short_repr(env_id)}")
+        if is_atari(env_id) and not self.atari:
+            raise ConfigError(f"env.preprocess: none with env.backend envpool: EnvPool's Atari envs always "
+                              f"preprocess ({short_repr(env_id)}); use auto (or backend gymnasium for raw frames)")
+        self._options = {**(ATARI_TRAINING if self.atari else {}), **self.kwargs}
+        self._game_return = np.zeros(self.num_envs)
         self._pool = None
         self._seed = None
         self._build(seed)
@@ -73,8 +100,8 @@ class EnvPoolVectorEnv:
         try:
             with warnings.catch_warnings():  # EnvPool's float64 Box bounds: gymnasium warns on the float32 cast
                 warnings.filterwarnings("ignore", message=".*precision lowered.*")
-                self._pool = envpool.make_gymnasium(self.env_id, num_envs=self.num_envs, seed=int(seed),
-                                                    num_threads=DEFAULT_THREADS, **self.kwargs)
+                self._pool = envpool.make_gymnasium(pool_id(self.env_id), num_envs=self.num_envs, seed=int(seed),
+                                                    num_threads=DEFAULT_THREADS, **self._options)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise ConfigError(f"env.kwargs: envpool cannot make {short_repr(self.env_id)} with "
                               f"{short_repr(self.kwargs)} ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
@@ -84,10 +111,23 @@ class EnvPoolVectorEnv:
         if seed is not None:  # gymnasium's semantics: a seed restarts the envs' RNGs (EnvPool: a new pool)
             self._build(seed)
         obs, info = self._pool.reset()
+        self._game_return[:] = 0.0
         return obs, info
 
     def step(self, actions):
-        return self._pool.step(np.asarray(actions, dtype=self._action_dtype))
+        out = self._pool.step(np.asarray(actions, dtype=self._action_dtype))
+        if not self.atari:
+            return out
+        obs, reward, terminated, truncated, info = out
+        self._game_return += info["reward"]  # (unclipped; 0 on the autoreset step after a game's end)
+        over = (np.asarray(info["terminated"]) > 0) | np.asarray(truncated, bool)
+        if over.any():  # whole games, as envs.atari.GameStats reports them
+            frame_skip = self._options["frame_skip"]
+            info = {**info, "game_return": np.where(over, self._game_return, 0.0), "_game_return": over,
+                    "game_length": np.where(over, np.asarray(info["elapsed_step"]) * frame_skip, 0),
+                    "_game_length": over}
+            self._game_return[over] = 0.0
+        return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
         if self._pool is not None:

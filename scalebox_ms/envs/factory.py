@@ -36,7 +36,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     if backend == "envpool":
         from .envpool_env import EnvPoolVectorEnv
 
-        return _probed(EnvPoolVectorEnv(env_id, num_envs, kwargs), env_id, kwargs)
+        return _probed(EnvPoolVectorEnv(env_id, num_envs, kwargs, preprocess=atari.resolve(preprocess, env_id)),
+                       env_id, kwargs)
     preprocess = atari.resolve(preprocess, env_id)
     if preprocess == "atari" and not atari.is_atari(env_id):
         raise ConfigError(f"env.preprocess: atari needs an ale-py env id (ALE/...), not {short_repr(env_id)}")
