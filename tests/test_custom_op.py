@@ -49,7 +49,7 @@ def test_custom_kernel_matches_builtin(case):
     model = ActorCritic(spec, ortho_init=False, **kw)  # MindSpore's default init: larger weights than orthogonal
     builtin, kernel = ActStep(model, packed=True), ActStep(model, packed=True, kernel="custom")
     width = 1 if spec.discrete else spec.action_dim
-    for batch in (1, 13, 64):  # 13: partial row tiles of the kernel
+    for batch in (1, 4, 5, 13, 64):  # up to 4: W read as stored (no transposed copy); 13: partial row tiles
         obs, noise = _inputs(spec, batch, batch)
         ref, out = builtin(obs, noise).asnumpy(), kernel(obs, noise).asnumpy()
         assert out.shape == ref.shape == (batch, width + 2)
@@ -58,6 +58,32 @@ def test_custom_kernel_matches_builtin(case):
         # MindSpore's CPU tanh is ~1e-6 off (the kernel's is ~1e-7), log-probs sum over action dims
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=3e-5)
         assert np.abs(ref[:, -1]).max() > 1e-3 and np.abs(ref[:, width]).max() > 1e-3  # non-trivial values
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_direct_call_gives_the_graph_kernels_outputs_and_reads_weights_on_sync(case):
+    from scalebox_ms.errors import CustomOpError
+    from scalebox_ms.ops.custom.direct import DirectActorKernel
+
+    spec, kw = CASES[case]
+    ms.set_seed(4)
+    model = ActorCritic(spec, ortho_init=False, **kw)
+    kernel, direct = ActStep(model, packed=True, kernel="custom"), DirectActorKernel(model)
+    for batch in (1, 4, 5, 13):
+        obs, noise = _inputs(spec, batch, 100 + batch)
+        np.testing.assert_array_equal(direct(obs.asnumpy(), noise.asnumpy()), kernel(obs, noise).asnumpy())
+    obs, noise = _inputs(spec, 3, 7)
+    before = direct(obs.asnumpy(), noise.asnumpy())
+    rng = np.random.default_rng(9)
+    model.load_logical_parameters([(n, (0.2 * rng.normal(size=p.shape)).astype(np.float32))
+                                   for n, p in model.logical_parameters()])
+    np.testing.assert_array_equal(direct(obs.asnumpy(), noise.asnumpy()), before)  # numpy copies until sync
+    direct.sync()
+    after = direct(obs.asnumpy(), noise.asnumpy())
+    np.testing.assert_array_equal(after, kernel(obs, noise).asnumpy())
+    assert np.abs(after[:, -1] - before[:, -1]).max() > 1e-3
+    with pytest.raises(CustomOpError, match=r"fused_actor_mlp': an input has the wrong shape .*: obs \(2, "):
+        direct(np.zeros((2, spec.obs_dim + 1), np.float32), noise.asnumpy()[:2])
 
 
 def test_unpacked_outputs_and_current_weights():

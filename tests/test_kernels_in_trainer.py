@@ -32,6 +32,23 @@ def test_update_kernel_trains_like_the_builtin_graph():
     custom.close()
 
 
+def test_rollouts_call_the_act_kernel_directly_and_train_as_through_the_graph():
+    """act_kernel custom: rollouts call the C++ kernel without a graph (synced each rollout); the run is the one the
+    acting graph gives, bit for bit (same kernel code), and builtin acting has no direct call."""
+    direct = PPOTrainer(small_config(policy={"act_kernel": "custom"}))
+    graph = PPOTrainer(small_config(policy={"act_kernel": "custom"}))
+    builtin = PPOTrainer(small_config(policy={"act_kernel": "builtin"}))
+    try:
+        assert direct._act_direct is not None and builtin._act_direct is None
+        graph._act_direct = None  # the rollout then calls the packed ActStep graph
+        for tr in (direct, graph):
+            tr.learn(total_steps=192)  # 3 rollouts: the later ones act with updated weights
+        assert direct.parameters_sha256() == graph.parameters_sha256()
+    finally:
+        for tr in (direct, graph, builtin):
+            tr.close()
+
+
 @pytest.mark.parametrize("extra,blocker", [
     ({"amp": {"level": "O2"}}, "amp.level O2"),
     ({"parallel": {"gradient_accumulation": 2}}, "gradient accumulation"),

@@ -155,18 +155,20 @@ class RolloutCollector:
 
     # ------------------------------------------------------------------ collection
     def collect(self, storage, act_packed, step: int):
-        """Fill ``storage`` with one rollout, acting with ``act_packed(obs, noise)`` (the packed ActStep);
-        ``step`` is the global step at its start (for error messages). Returns (seconds acting, seconds in
-        env.step)."""
+        """Fill ``storage`` with one rollout, acting with ``act_packed(obs, noise)`` (the packed ActStep, or a
+        ``host_call`` one that takes and returns numpy arrays); ``step`` is the global step at its start (for error
+        messages). Returns (seconds acting, seconds in env.step)."""
         import mindspore as ms
 
         N = self.num_envs
         t_act = t_env = 0.0
         clock = time.perf_counter
+        host = getattr(act_packed, "host_call", False)
         for t in range(storage.n_steps):
             obs = self.obs
             t0 = clock()
-            out = act_packed(ms.Tensor(obs), ms.Tensor(self.noise(N))).asnumpy()
+            out = (act_packed(obs, self.noise(N)) if host else
+                   act_packed(ms.Tensor(obs), ms.Tensor(self.noise(N))).asnumpy())
             t1 = clock()
             action = self.unpack_actions(out)
             log_prob, value = out[:, -2], out[:, -1]

@@ -61,7 +61,7 @@ class PPOTrainer(Trainer):
         from ..amp import AutoMixedPrecision, check_backend
         from ..models import DeterministicStep, ValueStep, build_model
         from ..parallel import init_distributed
-        from .kernels import build_act_steps, select_update_kernel
+        from .kernels import build_act_steps, direct_acting, select_update_kernel
         from .memory import check_fits, rollout_bytes
         from .ppo_update import PPOUpdateStep
         from .state import ParameterValues, named_state
@@ -105,6 +105,7 @@ class PPOTrainer(Trainer):
             self.amp.apply(self.model)
         # acting: MindSpore ops, or the C++ fused-MLP kernel per policy.act_kernel (trainers.kernels)
         self.act_step, self._act_packed = build_act_steps(self.model, config.policy, n_local)
+        self._act_direct = direct_acting(self.act_step, self.model)  # the C++ kernel without a graph call
         self.value_step = ValueStep(self.model)
         self.deterministic_step = DeterministicStep(self.model)
         self.update_step = PPOUpdateStep(self.model, p, micro_batches=micro_batches(config), amp=self.amp,
@@ -181,7 +182,9 @@ class PPOTrainer(Trainer):
             if c.compiled:
                 t_act, t_env, last_values = c.collect_compiled(storage, self.model, self.global_step)
             else:
-                t_act, t_env = c.collect(storage, self._act_packed, self.global_step)
+                if self._act_direct is not None:
+                    self._act_direct.sync()  # (the weights change between rollouts only)
+                t_act, t_env = c.collect(storage, self._act_direct or self._act_packed, self.global_step)
                 t1 = time.perf_counter()
                 last_values = self.value_step(ms.Tensor(c.obs)).asnumpy()
                 t_act += time.perf_counter() - t1

@@ -21,6 +21,9 @@
 // L1). Each layer's logical weight is transposed once per call into scratch (in, outp) with the output
 // dimension zero-padded to a multiple of kCols, so the inner loop is mlp.h's register-blocked kRows x kCols
 // outer-product update (a small GEMM micro-kernel the compiler vectorises; no reassociation, so no -ffast-math).
+// Batches of at most kDirectRows rows (one env acting per call: the MuJoCo presets) skip that transpose, which
+// then costs more than the arithmetic: each output is a dot product over the stored W row, in the same k order
+// from the bias, and the activation runs through the same vector code on the zero-padded row.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,7 +38,42 @@ namespace {
 #include "simd.h"  // kCols, round_up, vf, loadv/storev, tanhv (SIMD width from -march)
 #include "mlp.h"   // gemm, Dense, mlp_forward, MlpMeta, Activation
 
-constexpr int kBlock = 16;  // rows per pass through the MLPs
+constexpr int kBlock = 16;      // rows per pass through the MLPs
+constexpr int kDirectRows = 4;  // batches up to this many rows read W as stored (no transposed copy)
+
+// One stored layer as the direct path reads it: W (out, in) with row stride ld, b (out,).
+struct StoredDense {
+  const float *w = nullptr, *b = nullptr;
+  int64_t ld = 0;
+  int in = 0, out = 0;
+};
+
+// The MLP on one row x: returns the head's output (padded to a multiple of kCols) in buf0 or buf1 (maxw wide).
+inline const float *direct_mlp(const std::vector<StoredDense> &layers, const float *x, float *buf0, float *buf1,
+                               int act) {
+  const float *cur = x;
+  float *bufs[2] = {buf0, buf1};
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const StoredDense &L = layers[l];
+    float *y = bufs[l & 1];
+    const int outp = round_up(L.out, kCols);
+    for (int o = 0; o < L.out; ++o) {
+      const float *w = L.w + o * L.ld;
+      float acc = L.b[o];
+      for (int k = 0; k < L.in; ++k) acc += cur[k] * w[k];
+      y[o] = acc;
+    }
+    for (int o = L.out; o < outp; ++o) y[o] = 0.0f;
+    const int a = l + 1 < layers.size() ? act : kActNone;
+    if (a == kActTanh) {
+      for (int o = 0; o < outp; o += kVec) storev(y + o, tanhv(loadv(y + o)));
+    } else if (a == kActRelu) {
+      for (int o = 0; o < L.out; ++o) y[o] = y[o] > 0.0f ? y[o] : 0.0f;
+    }
+    cur = y;
+  }
+  return cur;
+}
 
 enum Input : int { kInObs, kInNoise, kInMeta, kInLogStd, kInLayers };
 
@@ -68,22 +106,28 @@ int act(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
   const int width = discrete ? 1 : act_dim;
   const int out_stride = width + 2;
 
-  std::vector<Dense> pi(n_pi), vf(n_vf);
+  const bool direct = batch <= kDirectRows;
+  std::vector<Dense> pi(direct ? 0 : n_pi), vf(direct ? 0 : n_vf);
+  std::vector<StoredDense> spi(n_pi), svf(n_vf);
   int maxw = kCols;
   for (int k = 0; k < n_pi + n_vf; ++k) {
-    Dense &L = k < n_pi ? pi[k] : vf[k - n_pi];
+    StoredDense &S = k < n_pi ? spi[k] : svf[k - n_pi];
     const int pw = kInLayers + 2 * k, pb = pw + 1;
     if (ndims[pw] != 2 || ndims[pb] != 1) return kErrLayerShape;
     const int64_t cols = shapes[pw][1];  // storage row stride (>= logical in for padded FusedDense storage)
     const int out_k = meta[kNMlpMeta + k];
     const bool first = (k == 0 || k == n_pi);
-    const int in_k = first ? obs_dim : (k < n_pi ? pi[k - 1].out : vf[k - n_pi - 1].out);
+    const int in_k = first ? obs_dim : (k < n_pi ? spi[k - 1].out : svf[k - n_pi - 1].out);
     if (out_k < 1 || out_k > shapes[pw][0] || in_k > cols || out_k > shapes[pb][0]) return kErrLayerShape;
-    L.shape(in_k, out_k, false);
-    L.load(static_cast<const float *>(params[pw]), cols, static_cast<const float *>(params[pb]));
-    maxw = std::max(maxw, L.outp);
+    S = StoredDense{static_cast<const float *>(params[pw]), static_cast<const float *>(params[pb]), cols, in_k, out_k};
+    maxw = std::max(maxw, round_up(out_k, kCols));
+    if (!direct) {
+      Dense &L = k < n_pi ? pi[k] : vf[k - n_pi];
+      L.shape(in_k, out_k, false);
+      L.load(S.w, cols, S.b);
+    }
   }
-  if (pi.back().out != act_dim || vf.back().out != 1) return kErrHeadShape;
+  if (spi.back().out != act_dim || svf.back().out != 1) return kErrHeadShape;
 
   std::vector<float> buf(static_cast<size_t>(4) * kBlock * maxw);
   float *b0 = buf.data(), *b1 = b0 + kBlock * maxw, *b2 = b1 + kBlock * maxw, *b3 = b2 + kBlock * maxw;
@@ -99,10 +143,11 @@ int act(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
   for (int64_t r0 = 0; r0 < batch; r0 += kBlock) {
     const int nrows = static_cast<int>(std::min<int64_t>(kBlock, batch - r0));
     const float *x = obs + r0 * obs_dim;
-    const float *head = run_mlp(pi, x, obs_dim, nrows, b0, b1, maxw, activation);
-    const float *val = run_mlp(vf, x, obs_dim, nrows, b2, b3, maxw, activation);
+    const float *head = direct ? nullptr : run_mlp(pi, x, obs_dim, nrows, b0, b1, maxw, activation);
+    const float *val = direct ? nullptr : run_mlp(vf, x, obs_dim, nrows, b2, b3, maxw, activation);
     for (int r = 0; r < nrows; ++r) {
-      const float *h = head + r * maxw;
+      const float *h = direct ? direct_mlp(spi, x + r * obs_dim, b0, b1, activation) : head + r * maxw;
+      const float v = direct ? direct_mlp(svf, x + r * obs_dim, b2, b3, activation)[0] : val[r * maxw];
       const float *nz = noise + (r0 + r) * act_dim;
       float *o = out + (r0 + r) * out_stride;
       if (discrete) {
@@ -127,7 +172,7 @@ int act(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
         }
         o[width] = lp - ls_sum - kHalfLog2Pi * act_dim;
       }
-      o[width + 1] = val[r * maxw];
+      o[width + 1] = v;
     }
   }
   return kOk;
