@@ -135,6 +135,7 @@ def test_atari_preprocesses_like_the_gymnasium_pipeline_and_reports_whole_games(
         rng = np.random.default_rng(0)
         raw = np.zeros(4)
         games = life_ends = 0
+        lives = np.full(4, 5)
         for _ in range(2500):
             obs, reward, term, trunc, info = ep.step(rng.integers(0, 4, 4))
             assert set(np.unique(reward)) <= {-1.0, 0.0, 1.0}  # clipped to its sign
@@ -142,13 +143,20 @@ def test_atari_preprocesses_like_the_gymnasium_pipeline_and_reports_whole_games(
             over = (info["terminated"] > 0) | trunc
             life_ends += int((term & ~over).sum())
             ended = info.get("_game_return", np.zeros(4, bool))
-            np.testing.assert_array_equal(ended, over)
-            for i in np.flatnonzero(ended):
+            assert not (over & ~ended).any()  # every game over is reported ...
+            for i in np.flatnonzero(ended & over):
                 assert info["game_return"][i] == raw[i]
                 assert info["game_length"][i] == 4 * info["elapsed_step"][i]
                 raw[i] = 0.0
                 games += 1
+            for i in np.flatnonzero(ended & ~over):  # ... and one that ended inside a reset's no-ops, once
+                assert info["lives"][i] > lives[i] and info["game_return"][i] == raw[i] - info["reward"][i]
+                raw[i] = info["reward"][i]
+                games += 1
+            lives = np.where(over, 5, info["lives"])
         assert games >= 4 and life_ends >= 4 * games  # Breakout: 5 lives per game
+        with pytest.raises(ConfigError, match="env.kwargs.noop_max: EnvPool's Atari preprocessing is fixed"):
+            make_vec_env("ALE/Breakout-v5", 1, {"noop_max": 0}, backend="envpool", preprocess="auto")
     finally:
         ep.close()
         gym_env.close()

@@ -156,8 +156,8 @@ def test_image_refusals(section, key, value, culprit):
         PPOTrainer(Config.from_dict(data))
 
 
-def dqn_image_config(steps=3000, **dqn):
-    return Config.from_dict({
+def dqn_image_config(steps=3000, extra=None, **dqn):
+    return Config.from_dict({**(extra or {}),
         "algo": "dqn", "env": {"id": "BrightSide-v0", "num_envs": 4},
         "policy": {"vf_layers": [], "cnn_channels": [8, 16, 16], "cnn_features_dim": 64},
         "dqn": {"learning_rate": 1e-3, "buffer_size": 5000, "learning_starts": 200, "batch_size": 32,
@@ -203,14 +203,26 @@ def test_dqn_learns_from_pixels_with_a_uint8_replay_buffer(caplog, tmp_path):
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-def test_sac_and_td3_refuse_images_and_dqn_host_acting_needs_an_mlp(algo):
+def test_sac_and_td3_refuse_images(algo):
     from scalebox_ms.trainers import make_trainer
 
     cfg = {"algo": algo, "env": {"id": "BrightSide-v0", "num_envs": 1}}
     with pytest.raises(ConfigError, match=f"algo: {algo} does not take image observations yet"):
         make_trainer(Config.from_dict(cfg))
+
+
+def test_dqn_on_images_refuses_host_acting_and_amp_before_allocating_the_replay(monkeypatch):
+    from scalebox_ms.buffers import device
+    from scalebox_ms.trainers import make_trainer
+
+    def no_replay(*args, **kwargs):
+        raise AssertionError("the replay buffer was allocated before the refusal")
+
+    monkeypatch.setattr(device.ReplayBuffer, "__init__", no_replay)
     with pytest.raises(ConfigError, match="dqn.host_acting: true needs an MLP Q-network"):
         make_trainer(dqn_image_config(host_acting=True))
+    with pytest.raises(ConfigError, match="amp.level: image observations"):
+        make_trainer(dqn_image_config(extra={"amp": {"level": "O1"}}))
 
 
 @pytest.mark.integration

@@ -18,7 +18,9 @@ C++ with the settings of :data:`ATARI_TRAINING`, chosen to match the gymnasium t
 episode, rewards clipped to their sign, 4 frames stacked, ALE v5's sticky actions and 27,000-step limit). Whole
 games are reported as :class:`~.atari.GameStats` does (``info["game_return"]`` from EnvPool's unclipped
 ``info["reward"]``, at the step where ``info["terminated"]`` says the game is over); ``game_length`` counts agent
-steps times the frame skip (EnvPool's ``elapsed_step``; the no-op frames of the reset are not counted).
+steps times the frame skip (EnvPool's ``elapsed_step``; the no-op frames of the reset are not counted). A game
+that ends inside a reset's no-op actions (EnvPool then starts the next one without flagging the end) is reported
+at the step where its lives go up again.
 """
 from __future__ import annotations
 
@@ -80,8 +82,15 @@ class EnvPoolVectorEnv:
         if is_atari(env_id) and not self.atari:
             raise ConfigError(f"env.preprocess: none with env.backend envpool: EnvPool's Atari envs always "
                               f"preprocess ({short_repr(env_id)}); use auto (or backend gymnasium for raw frames)")
+        clash = sorted(set(self.kwargs) & set(ATARI_TRAINING)) if self.atari else []
+        if clash:  # evaluation passes env.kwargs to gymnasium's ALE env, which has no such options
+            raise ConfigError(f"env.kwargs.{clash[0]}: EnvPool's Atari preprocessing is fixed to the gymnasium "
+                              "pipeline's settings (evaluation runs gymnasium's env with the same env.kwargs)")
         self._options = {**(ATARI_TRAINING if self.atari else {}), **self.kwargs}
         self._game_return = np.zeros(self.num_envs)
+        self._lives = np.zeros(self.num_envs, np.int64)
+        self._elapsed = np.zeros(self.num_envs, np.int64)
+        self._ended = np.zeros(self.num_envs, bool)  # a game ended at the previous step (the next is its reset)
         self._pool = None
         self._seed = None
         self._build(seed)
@@ -112,6 +121,10 @@ class EnvPoolVectorEnv:
             self._build(seed)
         obs, info = self._pool.reset()
         self._game_return[:] = 0.0
+        if self.atari:
+            self._lives[:] = info["lives"]
+            self._elapsed[:] = 0
+            self._ended[:] = False
         return obs, info
 
     def step(self, actions):
@@ -119,14 +132,22 @@ class EnvPoolVectorEnv:
         if not self.atari:
             return out
         obs, reward, terminated, truncated, info = out
-        self._game_return += info["reward"]  # (unclipped; 0 on the autoreset step after a game's end)
+        lives, elapsed = np.asarray(info["lives"]), np.asarray(info["elapsed_step"])
         over = (np.asarray(info["terminated"]) > 0) | np.asarray(truncated, bool)
-        if over.any():  # whole games, as envs.atari.GameStats reports them
+        # a game that ended inside the no-ops of a life's reset is never flagged: the lives went up instead
+        restarted = (lives > self._lives) & ~over & ~self._ended
+        length = np.where(restarted, self._elapsed, elapsed)
+        game_return = self._game_return.copy()
+        self._game_return += info["reward"]  # (unclipped; 0 on the autoreset step after a game's end)
+        game_return[~restarted] = self._game_return[~restarted]
+        ended = over | restarted
+        if ended.any():  # whole games, as envs.atari.GameStats reports them
             frame_skip = self._options["frame_skip"]
-            info = {**info, "game_return": np.where(over, self._game_return, 0.0), "_game_return": over,
-                    "game_length": np.where(over, np.asarray(info["elapsed_step"]) * frame_skip, 0),
-                    "_game_length": over}
+            info = {**info, "game_return": np.where(ended, game_return, 0.0), "_game_return": ended,
+                    "game_length": np.where(ended, length * frame_skip, 0), "_game_length": ended}
             self._game_return[over] = 0.0
+            self._game_return[restarted] = np.asarray(info["reward"])[restarted]  # (the new game's first step)
+        self._lives, self._elapsed, self._ended = lives.copy(), elapsed.copy(), ended
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:

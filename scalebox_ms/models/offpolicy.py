@@ -3,7 +3,8 @@
 Layouts are Stable-Baselines3's ``MlpPolicy`` ones, so hyper-parameters tuned for SB3 carry over:
 
 * :class:`QNetwork` (DQN): obs -> MLP(``vf_layers``) -> one Q value per action; image observations go through
-  a NatureCNN first (``vf_layers`` then defaults to none, as SB3's ``CnnPolicy``).
+  a NatureCNN first (SB3's ``CnnPolicy`` has no hidden layers after it: ``configs/dqn_atari.yaml`` sets
+  ``vf_layers: []``; the default stays ``[64, 64]``).
 * :class:`TwinCritic` (SAC, TD3): two independent MLPs (``vf_layers``) on ``concat(obs, action)`` -> Q.
 * :class:`SquashedGaussianActor` (SAC): obs -> MLP(``pi_layers``, activation after every layer) -> mean and
   log-std heads; ``a = tanh(mean + std * eps)`` with the log-probability of the squashed sample

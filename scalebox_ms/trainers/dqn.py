@@ -22,7 +22,6 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from ..errors import ConfigError
 from ..models.offpolicy import AdamGroup, Learner, QNetwork, guarded_update, polyak
 from .offpolicy import OffPolicyTrainer
 
@@ -143,10 +142,6 @@ class DQNTrainer(OffPolicyTrainer):
 
         choice = self.config.dqn.host_acting
         if self.learner.features is not None:  # the numpy copy is an MLP: a CNN Q-network acts in the graph
-            if choice is True:
-                self.close()
-                raise ConfigError("dqn.host_acting: true needs an MLP Q-network; image observations use a NatureCNN "
-                                  "(set auto or false)")
             self.host_q = None
             if choice == "auto":
                 self.log.info("dqn.host_acting auto: compiled graph (image observations: a NatureCNN Q-network)")
@@ -158,6 +153,12 @@ class DQNTrainer(OffPolicyTrainer):
                 self.log.info("dqn.host_acting auto: %s (Q-network %d multiply-adds per observation, limit %d)",
                               "numpy copy" if use else "compiled graph", host.macs, HOST_ACTING_MAX_MACS)
         self._host_stale = True
+
+    def _refusal(self, spec):
+        if spec.image and self.config.dqn.host_acting is True:
+            return ("dqn.host_acting: true needs an MLP Q-network; image observations use a NatureCNN (set auto or "
+                    "false)")
+        return None
 
     def _policy(self):
         if self.host_q is None:

@@ -77,8 +77,10 @@ class OffPolicyTrainer(Trainer):
         # env 0's generator from, so it would replay env 0's reset noise as exploration noise
         c = self._make_collector(cfg.env.num_envs, stream=2)
         spec = self.spec
-        refusal = space_refusal(algo, spec, cfg.env.id)
-        if refusal:
+        refusal = space_refusal(algo, spec, cfg.env.id) or self._refusal(spec)
+        if spec.image and self.amp is not None:
+            refusal = "amp.level: image observations (NatureCNN) train in float32 only for now"
+        if refusal:  # (before the replay buffer is allocated)
             c.close()
             raise ConfigError(refusal)
         N = c.num_envs
@@ -123,6 +125,10 @@ class OffPolicyTrainer(Trainer):
             self._high = np.asarray(spec.high, np.float64)
 
     # ------------------------------------------------------------------ algorithm hooks (Box defaults)
+    def _refusal(self, spec) -> Optional[str]:
+        """The algorithm's own one-line refusal of this config on these spaces, or None."""
+        return None
+
     def _replay_action_spec(self):
         return (self.spec.action_dim,), np.float32
 
