@@ -25,6 +25,15 @@ HWC = spaces.Box(0, 255, (40, 40, 3), np.uint8)
 CHW = spaces.Box(0, 255, (4, 36, 36), np.uint8)
 
 
+def bright_frames(seed: int, n: int = 16) -> np.ndarray:
+    """``n`` BrightSide-v0 reset frames (uint8, HWC) from gymnasium's own vector env."""
+    env = gym.make_vec("BrightSide-v0", num_envs=n, vectorization_mode="sync")
+    try:
+        return env.reset(seed=seed)[0]
+    finally:
+        env.close()
+
+
 def image_config(env_id="BrightSide-v0", steps=2048, **policy):
     return Config.from_dict({
         "env": {"id": env_id, "num_envs": 4},
@@ -192,9 +201,7 @@ def test_dqn_learns_from_pixels_with_a_uint8_replay_buffer(caplog, tmp_path):
         back = load_trainer(path)
         try:
             assert back.parameters_sha256() == tr.parameters_sha256()
-            env = gym.make_vec("BrightSide-v0", num_envs=16, vectorization_mode="sync")
-            frames, _ = env.reset(seed=5)
-            env.close()
+            frames = bright_frames(seed=5)
             np.testing.assert_array_equal(back.predict(frames), tr.predict(frames))
         finally:
             back.close()
@@ -233,9 +240,7 @@ def test_dqn_cnn_export_and_int8_match_predict(tmp_path):
     tr = DQNTrainer(dqn_image_config(steps=1200))
     try:
         tr.learn()
-        env = gym.make_vec("BrightSide-v0", num_envs=16, vectorization_mode="sync")
-        frames, _ = env.reset(seed=3)
-        env.close()
+        frames = bright_frames(seed=3)
         np.testing.assert_array_equal(exported_actions(tr, frames, tmp_path), tr.predict(frames))
         path = str(tmp_path / "q_int8.mindir")
         sc = export_mindir(tr, path, int8=True, calibrate_steps=16)
@@ -256,9 +261,7 @@ def test_int8_l1_quantizes_the_convolutions_per_channel_and_l2_is_refused(tmp_pa
         path = str(tmp_path / "p_int8.mindir")
         sc = export_mindir(tr, path, int8=True, calibrate_steps=16)
         assert sc["quantization"]["level"] == "L1" and "convolutions" in sc["quantization"]["weights"]
-        env = gym.make_vec("BrightSide-v0", num_envs=16, vectorization_mode="sync")
-        frames, _ = env.reset(seed=4)
-        env.close()
+        frames = bright_frames(seed=4)
         agree = (MindIRPolicy(path)(frames) == tr.predict(frames)).mean()
         assert agree >= 0.9, agree
         with pytest.raises(ConfigError, match="quantize: NatureCNN policies quantize at L1"):
@@ -302,9 +305,7 @@ def test_cnn_export_takes_hwc_frames_and_matches_predict(tmp_path):
     tr = PPOTrainer(image_config(steps=512))
     try:
         tr.learn()
-        env = gym.make_vec("BrightSide-v0", num_envs=16, vectorization_mode="sync")
-        frames, _ = env.reset(seed=3)
-        env.close()
+        frames = bright_frames(seed=3)
         np.testing.assert_array_equal(exported_actions(tr, frames, tmp_path), tr.predict(frames))
     finally:
         tr.close()

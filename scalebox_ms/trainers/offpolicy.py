@@ -364,53 +364,10 @@ class OffPolicyTrainer(Trainer):
         return (G if train else 0), self._target_updates(steps_before, self.global_step), u, noise
 
     def _native_phase(self):
-        """One training phase on a native env: ``train_freq`` vector steps (observe, act, env step, stage) and the
-        phase's replay add and gradient steps in ONE graph call (:class:`NativeCycle`); then the host bookkeeping
-        (episode statistics, observation statistics, non-finite checks) from the returned arrays."""
-        o, c, rng, N = self.config.algo_config, self.collector, self.rng, self.num_envs
-        T, A = self._phase_steps, self.spec.action_dim
-        steps_before = self.global_step
-        # the exploration inputs of the T steps, drawn in a fixed order (see NativeCycle)
-        use_random = np.zeros((T, N), np.float32)
-        for t in range(T):
-            use_random[t] = self._random_mask(rng, N, steps_before + t * N)
-        rand = self._random_batch(rng, T * N).reshape((T, N) + (() if self.spec.discrete else (A,)))
-        act_eps = np.stack([self._act_noise_or_zeros(rng, N) for _ in range(T)])
-        sigma = getattr(o, "action_noise", None)
-        act_noise = (rng.normal(0.0, sigma, (T, N, A)).astype(np.float32) if sigma and not self.spec.discrete
-                     else np.zeros((T, N, 1), np.float32))
-        reset_noise = c.env.rng.random((T, N, c.env._dyn_cls.noise_dim)).astype(np.float32)
-        self.global_step += T * N
-        # the replay rows this phase adds are only known after the call: count the env's valid steps first
-        valid_now = c.valid.copy()
-        mean, inv_std, clip = self._obs_stats()
-        self._replay_rows = min(self._replay_rows + int(valid_now.sum()) + (T - 1) * N, o.buffer_size)  # upper bound
-        n_grad, n_target, u, noise = self._train_inputs(rng, steps_before)
-        out = self.native_cycle(Tensor(use_random), Tensor(rand), Tensor(act_eps), Tensor(act_noise),
-                                Tensor(reset_noise), Tensor(np.int32(n_grad)), Tensor(np.int32(n_target)), Tensor(u),
-                                Tensor(noise), Tensor(np.float32(o.learning_rate)), Tensor(mean), Tensor(inv_std),
-                                Tensor(clip))
-        acc, last_raw = out[0].asnumpy(), out[1].asnumpy()
-        cyc = self.native_cycle
-        raw_obs, rewards, terminated, truncated, valid = (p.asnumpy() for p in (
-            cyc.obs_raw, cyc.rewards, cyc.terminated, cyc.truncated, cyc.valid))
-        self._replay_rows = len(self.replay)
-        rewards = rewards.astype(np.float64)
-        if not (np.isfinite(raw_obs).all() and np.isfinite(rewards).all()):
-            for t in range(T):
-                c._check_finite(raw_obs[t], rewards[t], steps_before + t * N)
-        c._check_finite(last_raw, None, self.global_step)
-        valid = valid.astype(bool)
-        for t in range(T):
-            c._account_step(rewards[t], (terminated[t] > 0) | (truncated[t] > 0), valid[t])
-        if c.obs_normalizer is not None:
-            c.obs_normalizer.rms.update(raw_obs.reshape(-1, self.spec.obs_dim))
-        c.raw_obs = last_raw
-        c.obs = c.normalize_obs(last_raw, update=False)
-        c.valid = ~((terminated[-1] > 0) | (truncated[-1] > 0))
-        self._pending = None
-        self._after_phase()
-        return acc, n_grad
+        """One training phase on a native env as one graph call (:func:`.offpolicy_native.native_phase`)."""
+        from .offpolicy_native import native_phase
+
+        return native_phase(self)
 
     def _obs_stats(self):
         return self.collector.normalizer_inputs()
