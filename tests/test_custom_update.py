@@ -5,7 +5,10 @@ Two models start from identical weights; the reference PPOUpdateStep updates mod
 the statistics, all parameters, Adam's moments, beta powers, global step and learning rate must agree to float
 tolerance, and other compiled graphs (ActStep builtin and custom, ValueStep) must see B's new weights.
 """
+import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import mindspore as ms
@@ -121,6 +124,58 @@ def test_kernel_matches_reference_update(case):
     moved = [n for n in final if not n.startswith(("moment", "beta", "global", "learning"))
              and np.abs(final[n] - initial[n]).max() > 1e-4]
     assert len(moved) == len(list(b.trainable_params()))  # every parameter (incl. log_std) was updated
+
+
+DENORMAL_SCRIPT = """
+import numpy as np
+from mindspore import Tensor
+from scalebox_ms.config import PPOConfig
+from scalebox_ms.models import SpaceSpec
+from scalebox_ms.models.actor_critic import ActorCritic
+from scalebox_ms.ops.custom import PPOUpdateKernel
+from scalebox_ms.trainers.ppo_update import PPOUpdateStep, pack_features
+
+spec = SpaceSpec(3, False, 2, low=(-1.0, -1.0), high=(1.0, 1.0))
+model = ActorCritic(spec, pi_layers=(32,), vf_layers=(32,), activation="relu")
+cfg = PPOConfig(learning_rate=3e-3, target_kl=0.05)
+optimizer = PPOUpdateStep(model, cfg).optimizer
+kernel = PPOUpdateKernel(model, optimizer, cfg)
+params = dict(model.parameters_and_names())
+bias = params["pi_net.0.bias"].asnumpy().copy()
+bias[5] = -1e4  # unit 5 outputs 0 for every row: its incoming weights get a zero gradient
+params["pi_net.0.bias"].set_data(Tensor(bias))
+rng = np.random.default_rng(0)
+n = 64
+adv = rng.normal(size=n)
+features = Tensor(pack_features(rng.normal(size=(n, 3)), np.full(n, -2.0), rng.normal(size=n), adv, adv, np.ones(n)))
+actions = Tensor(rng.normal(size=(n, 2)).astype(np.float32))
+scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.0, 10.0)]
+moment1 = dict(optimizer.parameters_and_names())["moment1.pi_net.0.weight"]
+m = moment1.asnumpy().copy()
+m[5] = 1e-39  # below float32's smallest normal (1.18e-38)
+moment1.set_data(Tensor(m))
+idx = Tensor(np.arange(n, dtype=np.int32))
+skip = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.0, -1.0)]  # kl_limit -1: the KL stop skips the step
+kernel(features, actions, idx, *skip)  # MindSpore runs a graph's first call on a flushing thread, later ones not
+assert moment1.asnumpy()[5].tolist() == [np.float32(1e-39).item()] * 3
+kernel(features, actions, idx, *scalars)
+print("moment1", moment1.asnumpy()[5].tolist())
+print("numpy", float(np.float32(1e-39) * np.float32(1.0)))
+"""
+
+
+def test_denormals_are_flushed_inside_the_kernel_only(tmp_path):
+    """The kernel runs with denormals flushed to zero (simd.h FlushDenormals) whatever the calling thread's FP mode:
+    a dead ReLU unit (zero gradient) whose Adam moment1 holds a denormal gets 0 (as from MindSpore's CPU Adam), not
+    0.9 x the denormal; and the caller's mode is restored (numpy still computes denormals). In a fresh process, on
+    the second call: MindSpore 2.10 ran the first on a thread that flushes (MXCSR 0x9fe2) and later ones on one that
+    does not (0x1fa2), which made the kernel's results depend on the call before this flush."""
+    proc = subprocess.run([sys.executable, "-c", DENORMAL_SCRIPT], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("moment1", "numpy")))
+    assert json.loads(lines["moment1"]) == [0.0, 0.0, 0.0]
+    assert float(lines["numpy"]) == pytest.approx(1e-39, rel=1e-3)  # FTZ/DAZ did not leak out of the kernel
 
 
 def test_other_graphs_see_kernel_writes():

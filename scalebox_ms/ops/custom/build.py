@@ -32,7 +32,7 @@ KERNELS: dict[str, tuple[str, str]] = {
 }
 #: kernel name -> the config setting that selects it (named in errors that suggest the builtin implementation)
 SETTINGS: dict[str, str] = {"fused_actor_mlp": "policy.act_kernel"}
-CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+CXX_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC")
 CACHE_ENV = "SCALEBOX_MS_CUSTOM_OPS_CACHE"
 
 #: counters for this process: libraries compiled, and cache hits (tests use them to prove reuse)

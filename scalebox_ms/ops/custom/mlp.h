@@ -17,29 +17,30 @@ constexpr float kHalfLog2Pi = 0.918938533204672741780329736406f;  // log(2 pi) /
 // meta's activation ids (scalebox_ms.ops.custom.actor.ACT_IDS); kActNone: the linear head
 enum Activation : int { kActNone = -1, kActTanh = 0, kActRelu = 1 };
 
-// C[r, :N] = act((bias | 0) + sum_k A(r, k) * B[k, :N]) for ROWS rows; A(r, k) = A[r * sar + k * sak];
-// N % kCols == 0. One kCols-wide column strip at a time in ROWS x kNV vector accumulators (the compiler keeps them
-// in registers); k ascending, no reassociation (so no -ffast-math), the activation applied lane-wise at the store.
-template <int ROWS>
+// C[r, n0:n1] = act((bias | 0) + sum_k A(r, k) * B[k, n0:n1]) for ROWS rows; A(r, k) = A[r * sar + k * sak];
+// (n1 - n0) % (NV * kVec) == 0. NV * kVec columns at a time in ROWS x NV vector accumulators (the compiler keeps
+// them in registers); k ascending, no reassociation (so no -ffast-math), the activation applied lane-wise at the
+// store. Every output is the same chain of FMAs whatever ROWS and NV are: the tiling never changes a result.
+template <int ROWS, int NV>
 SBX_INLINE void tile(int K, const float *__restrict A, int64_t sar, int64_t sak, const float *__restrict B, int ldb,
-                     float *__restrict C, int64_t ldc, int N, const float *__restrict bias, int act) {
-  for (int n0 = 0; n0 < N; n0 += kCols) {
-    vf acc[ROWS][kNV];
-    for (int v = 0; v < kNV; ++v) {
+                     float *__restrict C, int64_t ldc, int n0, int n1, const float *__restrict bias, int act) {
+  for (; n0 < n1; n0 += NV * kVec) {
+    vf acc[ROWS][NV];
+    for (int v = 0; v < NV; ++v) {
       const vf b = bias ? loadv(bias + n0 + v * kVec) : vf{};
       for (int r = 0; r < ROWS; ++r) acc[r][v] = b;
     }
     for (int k = 0; k < K; ++k) {
       const float *bp = B + static_cast<int64_t>(k) * ldb + n0;
-      vf bv[kNV];
-      for (int v = 0; v < kNV; ++v) bv[v] = loadv(bp + v * kVec);
+      vf bv[NV];
+      for (int v = 0; v < NV; ++v) bv[v] = loadv(bp + v * kVec);
       for (int r = 0; r < ROWS; ++r) {
         const float a = A[r * sar + k * sak];
-        for (int v = 0; v < kNV; ++v) acc[r][v] += a * bv[v];
+        for (int v = 0; v < NV; ++v) acc[r][v] += a * bv[v];
       }
     }
     for (int r = 0; r < ROWS; ++r) {
-      for (int v = 0; v < kNV; ++v) {
+      for (int v = 0; v < NV; ++v) {
         vf a = acc[r][v];
         if (act == kActTanh) a = tanhv(a);
         else if (act == kActRelu) a = a > 0.0f ? a : 0.0f;
@@ -49,41 +50,72 @@ SBX_INLINE void tile(int K, const float *__restrict A, int64_t sar, int64_t sak,
   }
 }
 
-// tile over `rows` rows: kRows at a time, then one by one.
+// ROWS rows of C: the widest column tiles (kWide vectors: 16+ accumulators, enough independent FMAs to hide their
+// latency) over as many columns as they cover, then kCols-wide strips for the rest.
+constexpr int kWide = 2 * kCols / kVec;  // vectors per wide column tile (32 columns)
+template <int ROWS>
+SBX_INLINE void tile_row(int K, const float *A, int64_t sar, int64_t sak, const float *B, int ldb, float *C,
+                         int64_t ldc, int N, const float *bias, int act) {
+  const int nw = N / (kWide * kVec) * (kWide * kVec);
+  tile<ROWS, kWide>(K, A, sar, sak, B, ldb, C, ldc, 0, nw, bias, act);
+  tile<ROWS, kNV>(K, A, sar, sak, B, ldb, C, ldc, nw, N, bias, act);
+}
+
+// C (rows, N) = act((bias | 0) + A B), N % kCols == 0: tiles of kRows rows, then one row at a time.
 inline void gemm(int rows, int N, int K, const float *A, int64_t sar, int64_t sak, const float *B, int ldb, float *C,
                  int64_t ldc, const float *bias, int act = kActNone) {
   int r = 0;
-  for (; r + kRows <= rows; r += kRows) tile<kRows>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
-  for (; r < rows; ++r) tile<1>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
+  for (; r + kRows <= rows; r += kRows) tile_row<kRows>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
+  for (; r < rows; ++r) tile_row<1>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
 }
 
 // One Dense layer as the GEMMs read it: W^T (in, outp) and the bias (outp,), the outputs zero-padded to kCols;
-// with_wp also W (out, inp), the inputs zero-padded (the backward to the layer input).
+// with_rows also W (out, inp) for the backward to the layer input: W's own storage when its rows need no padding
+// (in % kCols == 0, stored densely), else a copy with the inputs zero-padded (wp).
 struct Dense {
   int in = 0, out = 0, inp = 0, outp = 0;  // logical sizes and sizes rounded up to kCols
+  bool with_rows = false;
   std::vector<float> wt, bias, wp;
+  const float *rows = nullptr;  // W (out, inp) as the backward reads it: wp, or W itself (set by load)
 
-  void shape(int n_in, int n_out, bool with_wp) {
+  void shape(int n_in, int n_out, bool rows_needed) {
     in = n_in;
     out = n_out;
     inp = round_up(in, kCols);
     outp = round_up(out, kCols);
+    with_rows = rows_needed;
     wt.assign(static_cast<size_t>(in) * outp, 0.0f);  // the padding stays zero; load fills the rest
     bias.assign(outp, 0.0f);
-    wp.assign(with_wp ? static_cast<size_t>(out) * inp : 0, 0.0f);
+    wp.clear();
   }
 
-  // From nn.Dense's W (out, in) stored with row stride ld (>= in: padded FusedDense storage) and b (out,).
+  // dL/dW is computed as W is stored, (out, in), when the inputs need no padding; else transposed, (in, outp).
+  bool grad_rows() const { return in == inp; }
+
+  // From nn.Dense's W (out, in) stored with row stride ld (>= in: padded FusedDense storage) and b (out,). wt is
+  // W's transpose, written in kTr x kTr blocks so that reads and writes both stay within a few cache lines (an
+  // o-major loop strides wt by outp floats per element: a cache miss each on 256-wide layers).
   void load(const float *w, int64_t ld, const float *b) {
-    const bool with_wp = !wp.empty();
-    for (int o = 0; o < out; ++o) {
-      bias[o] = b[o];
-      for (int i = 0; i < in; ++i) {
-        const float x = w[o * ld + i];
-        wt[static_cast<size_t>(i) * outp + o] = x;
-        if (with_wp) wp[static_cast<size_t>(o) * inp + i] = x;
+    constexpr int kTr = 16;
+    std::memcpy(bias.data(), b, sizeof(float) * out);
+    for (int o0 = 0; o0 < out; o0 += kTr) {
+      const int o1 = std::min(out, o0 + kTr);
+      for (int i0 = 0; i0 < in; i0 += kTr) {
+        const int i1 = std::min(in, i0 + kTr);
+        for (int i = i0; i < i1; ++i) {
+          float *dst = wt.data() + static_cast<size_t>(i) * outp;
+          for (int o = o0; o < o1; ++o) dst[o] = w[o * ld + i];
+        }
       }
     }
+    if (!with_rows) return;
+    if (in == inp && ld == inp) {
+      rows = w;
+      return;
+    }
+    wp.assign(static_cast<size_t>(out) * inp, 0.0f);
+    for (int o = 0; o < out; ++o) std::memcpy(wp.data() + static_cast<size_t>(o) * inp, w + o * ld, sizeof(float) * in);
+    rows = wp.data();
   }
 };
 
@@ -107,7 +139,7 @@ const float *mlp_forward(const Net &net, const float *x, int64_t ldx, int M, int
 // One thread's buffers of one layer for a block of rows (the weights are shared, read-only).
 struct LayerBuf {
   std::vector<float> h;    // layer output after activation (rows, outp)
-  std::vector<float> gwt;  // this block's dL/dW transposed (in, outp)
+  std::vector<float> gw;   // this block's dL/dW: (out, in) if the layer's grad_rows(), else transposed (in, outp)
   std::vector<double> gbd; // this block's dL/db (outp,)
 };
 
@@ -120,8 +152,9 @@ void forward(const Net &net, std::vector<LayerBuf> &buf, const float *x, int ldx
   });
 }
 
-// Backward of forward(): delta is dL/d(head output) (M, outp of the head); fills gwt, gbd of every layer's buf.
-// The layers need wp (Dense::shape(..., with_wp = true)).
+// Backward of forward(): delta is dL/d(head output) (M, outp of the head); fills gw, gbd of every layer's buf.
+// The layers need their W rows (Dense::shape(..., rows_needed = true)). Either layout of dW sums the same products
+// in the same order (k = row ascending, one FMA each), so the two give identical values.
 template <class Net>
 void backward(const Net &net, std::vector<LayerBuf> &buf, const float *x, int ldx, int M, int act,
               std::vector<float> &delta, std::vector<float> &tmp) {
@@ -130,9 +163,15 @@ void backward(const Net &net, std::vector<LayerBuf> &buf, const float *x, int ld
     LayerBuf &Bf = buf[l];
     const float *in = l == 0 ? x : buf[l - 1].h.data();
     const int ldi = l == 0 ? ldx : net[l - 1].outp;
-    // dW^T (in, outp) = H_in^T (in, M) @ delta (M, outp)
-    Bf.gwt.resize(static_cast<size_t>(L.in) * L.outp);
-    gemm(L.in, L.outp, M, in, 1, ldi, delta.data(), L.outp, Bf.gwt.data(), L.outp, nullptr);
+    if (L.grad_rows()) {
+      // dW (out, in) = delta^T (out, M) @ H_in (M, in)
+      Bf.gw.resize(static_cast<size_t>(L.out) * L.in);
+      gemm(L.out, L.in, M, delta.data(), 1, L.outp, in, ldi, Bf.gw.data(), L.in, nullptr);
+    } else {
+      // dW^T (in, outp) = H_in^T (in, M) @ delta (M, outp)
+      Bf.gw.resize(static_cast<size_t>(L.in) * L.outp);
+      gemm(L.in, L.outp, M, in, 1, ldi, delta.data(), L.outp, Bf.gw.data(), L.outp, nullptr);
+    }
     std::vector<double> &gb = Bf.gbd;
     gb.assign(L.outp, 0.0);
     for (int r = 0; r < M; ++r) {
@@ -142,7 +181,7 @@ void backward(const Net &net, std::vector<LayerBuf> &buf, const float *x, int ld
     if (l == 0) break;
     // dL/dH_in (M, inp) = delta (M, out) @ W (out, inp), then through the activation of layer l-1
     tmp.resize(static_cast<size_t>(M) * L.inp);
-    gemm(M, L.inp, L.out, delta.data(), L.outp, 1, L.wp.data(), L.inp, tmp.data(), L.inp, nullptr);
+    gemm(M, L.inp, L.out, delta.data(), L.outp, 1, L.rows, L.inp, tmp.data(), L.inp, nullptr);
     const float *h = buf[l - 1].h.data();
     const int64_t n = static_cast<int64_t>(M) * L.inp;
     float *t = tmp.data();

@@ -4,30 +4,61 @@
 // ppo_state.h.
 #pragma once
 
-// gw, gb of every layer from the T blocks' partial gradients, summed in the fixed order block 0, 1, ..., T-1 (gwt
-// in float, gbd in double); with one block this is exactly that block's gradient (the single-thread path).
+// gw, gb of every layer from the T blocks' partial gradients, summed in the fixed order block 0, 1, ..., T-1 (gw
+// in float, gbd in double); with one block this is exactly that block's gradient (the single-thread path, which
+// takes the block's buffer instead of copying it when it is already laid out as W).
 void combine_grads(std::vector<Layer> &net, const std::vector<std::vector<LayerBuf> *> &bufs) {
   const size_t T = bufs.size();
   for (size_t l = 0; l < net.size(); ++l) {
     Layer &L = net[l];
-    L.gw.resize(static_cast<size_t>(L.out) * L.in);
     L.gb.resize(L.out);
     for (int o = 0; o < L.out; ++o) {
       double gb = (*bufs[0])[l].gbd[o];
       for (size_t t = 1; t < T; ++t) gb += (*bufs[t])[l].gbd[o];
       L.gb[o] = static_cast<float>(gb);
+    }
+    const int64_t n = static_cast<int64_t>(L.out) * L.in;
+    if (L.grad_rows() && T == 1) {
+      L.gw.swap((*bufs[0])[l].gw);
+      continue;
+    }
+    L.gw.resize(n);
+    float *gw = L.gw.data();
+    if (L.grad_rows()) {
+      std::memcpy(gw, (*bufs[0])[l].gw.data(), sizeof(float) * n);
+      for (size_t t = 1; t < T; ++t) {
+        const float *g = (*bufs[t])[l].gw.data();
+        for (int64_t k = 0; k < n; ++k) gw[k] += g[k];
+      }
+      continue;
+    }
+    for (int o = 0; o < L.out; ++o) {  // transposed partial gradients (in, outp): small first layers only
       for (int i = 0; i < L.in; ++i) {
         const size_t k = static_cast<size_t>(i) * L.outp + o;
-        float g = (*bufs[0])[l].gwt[k];
-        for (size_t t = 1; t < T; ++t) g += (*bufs[t])[l].gwt[k];
-        L.gw[static_cast<size_t>(o) * L.in + i] = g;
+        float g = (*bufs[0])[l].gw[k];
+        for (size_t t = 1; t < T; ++t) g += (*bufs[t])[l].gw[k];
+        gw[static_cast<size_t>(o) * L.in + i] = g;
       }
     }
   }
 }
 
+// sum of g[i]^2 in double, in kLanes interleaved partial sums (independent FMA chains) added up in a fixed order.
+inline double sum_squares(const float *g, int64_t n) {
+  constexpr int kLanes = 8;
+  double part[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) part[j] += static_cast<double>(g[i + j]) * g[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) part[j] += static_cast<double>(g[i]) * g[i];
+  double s = 0.0;
+  for (int j = 0; j < kLanes; ++j) s += part[j];
+  return s;
+}
+
 // MindSpore P.Adam (CPU): m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); w -= lr_t m / (sqrt(v) + eps).
-inline void adam(float *w, float *m, float *v, const float *g, int64_t n, float coef, float lr_t, float beta1,
+inline void adam(float *__restrict w, float *__restrict m, float *__restrict v, const float *__restrict g, int64_t n, float coef, float lr_t, float beta1,
                  float beta2, float eps) {
   const float c1 = 1.0f - beta1, c2 = 1.0f - beta2;
   for (int64_t i = 0; i < n; ++i) {
@@ -59,8 +90,8 @@ bool apply_update(Ctx &c, const BlockGrads &bpi, const BlockGrads &bvf,
   double sq = 0.0;
   for (int k = 0; k < c.nl; ++k) {
     const Layer &L = c.layer(k);
-    for (float g : L.gw) sq += static_cast<double>(g) * g;
-    for (float g : L.gb) sq += static_cast<double>(g) * g;
+    sq += sum_squares(L.gw.data(), static_cast<int64_t>(L.gw.size()));
+    sq += sum_squares(L.gb.data(), static_cast<int64_t>(L.gb.size()));
   }
   if (!c.discrete) {
     for (int j = 0; j < act_dim; ++j) {
@@ -82,6 +113,7 @@ bool apply_update(Ctx &c, const BlockGrads &bpi, const BlockGrads &bvf,
     Layer &L = c.layer(k);
     adam(L.w, L.mw, L.vw, L.gw.data(), static_cast<int64_t>(L.out) * L.in, coef, lr_t, beta1, beta2, eps);
     adam(L.b, L.mb, L.vb, L.gb.data(), L.out, coef, lr_t, beta1, beta2, eps);
+    L.load(L.w, L.in, L.b);  // the GEMMs' copies of the new weights, while they are in cache (c.loaded stays true)
   }
   if (!c.discrete) adam(c.log_std, c.m_log_std, c.v_log_std, gls.data(), act_dim, coef, lr_t, beta1, beta2, eps);
   return true;

@@ -63,7 +63,7 @@ struct Worker {
   Sums sums;
 };
 
-// The partial results of one block of rows (gradients in pi/vf[l].gwt, .gbd; h unused), moved out of the Worker
+// The partial results of one block of rows (gradients in pi/vf[l].gw, .gbd; h unused), moved out of the Worker
 // that computed it.
 struct BlockAcc {
   std::vector<LayerBuf> pi, vf;
@@ -90,6 +90,7 @@ struct Ctx {
   std::vector<float> x, old_lp, old_v, adv, ret, mask, a_cont, inv_std, gls;
   std::vector<int32_t> a_disc;
   float n = 1.0f, gauss_ent = 0.0f;
+  bool loaded = false;  // the layers' padded copies match the Parameters (loaded once per call, then kept by Adam)
   std::vector<Worker> workers;  // one per thread
   std::vector<BlockAcc> blocks;  // one per block (split minibatches)
 

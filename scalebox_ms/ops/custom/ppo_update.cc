@@ -33,6 +33,8 @@
 // started. Blocks of kBlockRows rows also keep the activations in L2 (faster even on one thread).
 // PPOUpdateThreads(rows) / PPOUpdateBlocks(rows) (extern "C", ctypes) report the T and block count a minibatch
 // would use.
+//
+// Denormals are flushed to zero for the whole call (FlushDenormals, simd.h; the caller's FP mode is restored).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -116,7 +118,7 @@ int setup(Ctx &c, int nparam, void **params, int *ndims, int64_t **shapes, const
     const int in = first ? obs_dim : c.layer(k - 1).out, out = meta[kNPPOMeta + k];
     if (ndims[pw] != 2 || ndims[pb] != 1 || shapes[pw][0] != out || shapes[pw][1] != in || shapes[pb][0] != out)
       return kErrLayerShape;
-    L.shape(in, out, true);
+    L.shape(in, out, !first);  // the first layers' input gradient is not needed
     L.w = static_cast<float *>(params[pw]);
     L.b = static_cast<float *>(params[pb]);
     L.mw = static_cast<float *>(params[pw + 2 * nl]);
@@ -215,11 +217,11 @@ Sums run_split(Ctx &c, int M, int NB, int T) {
       acc.pi.resize(w.pi.size());
       acc.vf.resize(w.vf.size());
       for (size_t l = 0; l < w.pi.size(); ++l) {
-        acc.pi[l].gwt.swap(w.pi[l].gwt);
+        acc.pi[l].gw.swap(w.pi[l].gw);
         acc.pi[l].gbd.swap(w.pi[l].gbd);
       }
       for (size_t l = 0; l < w.vf.size(); ++l) {
-        acc.vf[l].gwt.swap(w.vf[l].gwt);
+        acc.vf[l].gw.swap(w.vf[l].gw);
         acc.vf[l].gbd.swap(w.vf[l].gbd);
       }
       acc.g_log_std.swap(w.g_log_std);
@@ -233,6 +235,7 @@ Sums run_split(Ctx &c, int M, int NB, int T) {
   for (int t = 1; t < T; ++t) {
     try {
       threads.emplace_back([&run_blocks, &worker_failed, t] {
+        const FlushDenormals ftz;  // as the calling thread (the kernel's entry point)
         try {
           run_blocks(t);
         } catch (...) {
@@ -268,8 +271,11 @@ Sums run_split(Ctx &c, int M, int NB, int T) {
 // depend on M only: not on T, nor on scheduling. Smaller minibatches are one block: no thread, the original
 // single-thread code path and results.
 __attribute__((noinline)) void step(Ctx &c, const int32_t *idx, int M, float *out) {
-  for (Layer &L : c.pi) L.load(L.w, L.in, L.b);  // the padded copies, from the Parameters' current values
-  for (Layer &L : c.vf) L.load(L.w, L.in, L.b);
+  if (!c.loaded) {  // the padded copies, from the Parameters' current values (later: refreshed by the Adam step)
+    for (Layer &L : c.pi) L.load(L.w, L.in, L.b);
+    for (Layer &L : c.vf) L.load(L.w, L.in, L.b);
+    c.loaded = true;
+  }
   gather(c, idx, M);
   minibatch_statistics(c, M);
 
@@ -364,6 +370,7 @@ extern "C" int PPOUpdate(int nparam, void **params, int *ndims, int64_t **shapes
                          void *extra) {
   (void)stream;
   (void)extra;
+  const FlushDenormals ftz;  // for the whole call; the caller's FP mode is restored on return
   return guarded([&] { return update_one(nparam, params, ndims, shapes, dtypes); });
 }
 
@@ -371,6 +378,7 @@ extern "C" int PPOUpdateEpochs(int nparam, void **params, int *ndims, int64_t **
                                void *stream, void *extra) {
   (void)stream;
   (void)extra;
+  const FlushDenormals ftz;
   return guarded([&] { return update_epochs(nparam, params, ndims, shapes, dtypes); });
 }
 

@@ -50,3 +50,30 @@ SBX_INLINE vf tanhv(vf x) {
   const vf ax = x < 0.0f ? -x : x;
   return ax < 0.0004f ? x : r;
 }
+
+// Flushes denormal floats to zero (x86: MXCSR's FTZ and DAZ bits; AArch64: FPCR.FZ) while it lives, then
+// restores the thread's previous mode: the update kernel runs under one (as TensorFlow's CPU kernels do), because
+// Adam's moments of weights whose gradient stays ~0 (dead ReLU units) decay into the denormal range, and every
+// arithmetic op touching a denormal then takes a microcode assist: measured 3x slower steps on HalfCheetah's
+// 256-256 networks. Values below ~1.2e-38 become 0; nothing else changes.
+class FlushDenormals {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  FlushDenormals() : saved_(__builtin_ia32_stmxcsr()) { __builtin_ia32_ldmxcsr(saved_ | 0x8040u); }
+  ~FlushDenormals() { __builtin_ia32_ldmxcsr(saved_); }
+#elif defined(__aarch64__)
+  FlushDenormals() : saved_(__builtin_aarch64_get_fpcr64()) { __builtin_aarch64_set_fpcr64(saved_ | (1ull << 24)); }
+  ~FlushDenormals() { __builtin_aarch64_set_fpcr64(saved_); }
+#else
+  FlushDenormals() = default;  // no control of the FP mode here: denormals are kept (slower, same maths otherwise)
+#endif
+  FlushDenormals(const FlushDenormals &) = delete;
+  FlushDenormals &operator=(const FlushDenormals &) = delete;
+
+ private:
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned saved_;
+#elif defined(__aarch64__)
+  unsigned long long saved_;
+#endif
+};
