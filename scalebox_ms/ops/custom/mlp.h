@@ -50,23 +50,43 @@ SBX_INLINE void tile(int K, const float *__restrict A, int64_t sar, int64_t sak,
   }
 }
 
-// ROWS rows of C: the widest column tiles (kWide vectors: 16+ accumulators, enough independent FMAs to hide their
-// latency) over as many columns as they cover, then kCols-wide strips for the rest.
-constexpr int kWide = 2 * kCols / kVec;  // vectors per wide column tile (32 columns)
+// Vector accumulators a tile may keep in registers: half the vector registers (32 with AVX-512 and on AArch64,
+// 16 with AVX), leaving the rest for the B row and the broadcasts. A tile needs ~8+ independent FMA chains to hide
+// the FMA latency, so tiles of few rows get wider (up to 4 vectors per row).
+#if defined(__AVX512F__) || defined(__aarch64__)
+constexpr int kAccRegs = 16;
+#else
+constexpr int kAccRegs = 8;
+#endif
+template <int ROWS>
+constexpr int wide_vectors() { return std::max(kNV, std::min(4, kAccRegs / ROWS)); }
+
+// ROWS rows of C: the widest column tiles (wide_vectors<ROWS>() vectors) over as many columns as they cover, then
+// kCols-wide strips for the rest.
 template <int ROWS>
 SBX_INLINE void tile_row(int K, const float *A, int64_t sar, int64_t sak, const float *B, int ldb, float *C,
                          int64_t ldc, int N, const float *bias, int act) {
-  const int nw = N / (kWide * kVec) * (kWide * kVec);
-  tile<ROWS, kWide>(K, A, sar, sak, B, ldb, C, ldc, 0, nw, bias, act);
-  tile<ROWS, kNV>(K, A, sar, sak, B, ldb, C, ldc, nw, N, bias, act);
+  constexpr int NV = wide_vectors<ROWS>();
+  const int nw = N / (NV * kVec) * (NV * kVec);
+  tile<ROWS, NV>(K, A, sar, sak, B, ldb, C, ldc, 0, nw, bias, act);
+  if (NV != kNV) tile<ROWS, kNV>(K, A, sar, sak, B, ldb, C, ldc, nw, N, bias, act);
 }
 
-// C (rows, N) = act((bias | 0) + A B), N % kCols == 0: tiles of kRows rows, then one row at a time.
+// C (rows, N) = act((bias | 0) + A B), N % kCols == 0: tiles of kRows rows, then the remainder in tiles of 4, 2
+// and 1 rows.
 inline void gemm(int rows, int N, int K, const float *A, int64_t sar, int64_t sak, const float *B, int ldb, float *C,
                  int64_t ldc, const float *bias, int act = kActNone) {
   int r = 0;
   for (; r + kRows <= rows; r += kRows) tile_row<kRows>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
-  for (; r < rows; ++r) tile_row<1>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
+  if (kRows > 4 && r + 4 <= rows) {
+    tile_row<4>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
+    r += 4;
+  }
+  if (r + 2 <= rows) {
+    tile_row<2>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
+    r += 2;
+  }
+  if (r < rows) tile_row<1>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
 }
 
 // One Dense layer as the GEMMs read it: W^T (in, outp) and the bias (outp,), the outputs zero-padded to kCols;
