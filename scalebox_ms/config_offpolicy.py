@@ -201,10 +201,7 @@ def check_off_policy(cfg) -> None:
 
 def space_refusal(algo: str, spec, env_id: str) -> Optional[str]:
     """Why ``algo`` cannot train on spaces ``spec`` (a one-line message), or None: DQN needs Discrete actions, SAC
-    and TD3 Box actions; DQN takes image observations (a NatureCNN Q-network), SAC and TD3 not yet."""
-    if spec.image and algo != "dqn":
-        return (f"algo: {algo} does not take image observations yet (its actor and critics are MLPs); use dqn or "
-                "ppo, or policy.features: mlp to flatten the images")
+    and TD3 Box actions (all three take image observations: NatureCNN networks)."""
     names = {"discrete": "Discrete", "box": "Box", "multidiscrete": "MultiDiscrete", "multibinary": "MultiBinary"}
     has, needs = names[spec.action_kind], "Discrete" if algo == "dqn" else "Box"
     if has == needs:

@@ -11,6 +11,11 @@ Layouts are Stable-Baselines3's ``MlpPolicy`` ones, so hyper-parameters tuned fo
   (``log N(u) - sum log(1 - tanh(u)^2 + 1e-6)``; log-std clipped to [-20, 2]).
 * :class:`DeterministicActor` (TD3): obs -> MLP(``pi_layers``) -> tanh.
 
+With ``cnn`` (the keyword arguments of :class:`~scalebox_ms.models.cnn.NatureCNN`), uint8 image observations
+(B, C, H, W) go through a NatureCNN first (``features``), and the MLPs read its features: SB3's ``CnnPolicy``.
+Each network has its own CNN, as SB3's SAC and TD3 (``share_features_extractor=False``): the actor's is trained
+by the actor loss, the critic's (one CNN under both Q-nets) by the critic loss, and targets copy theirs.
+
 Actions of continuous actors live in [-1, 1]; the trainer maps them to the env's Box bounds. Weights start with
 MindSpore's ``nn.Dense`` defaults (the same uniform ranges as PyTorch's ``nn.Linear``, which SB3 uses), or
 orthogonal with ``policy.ortho_init``.
@@ -47,6 +52,30 @@ def _head(in_dim: int, out_dim: int, ortho: bool, gain: float = 1.0) -> nn.Dense
     return mlp(in_dim, [], out_dim, "relu", ortho, gain)[0]
 
 
+def cnn_kwargs(spec, policy_cfg):
+    """The NatureCNN keyword arguments for image observations (``spec.image``: uint8 (C, H, W) frames, the
+    ``policy.cnn_*`` sizes), else None (an MLP on the flat observation)."""
+    if not spec.image:
+        return None
+    return {"image_shape": spec.image_shape, "channels": tuple(policy_cfg.cnn_channels),
+            "features_dim": policy_cfg.cnn_features_dim, "ortho": policy_cfg.ortho_init}
+
+
+def _features(obs_dim: int, cnn):
+    """(NatureCNN or None, the MLP input width): the image extractor of ``cnn`` (NatureCNN keyword arguments)."""
+    if cnn is None:
+        return None, obs_dim
+    from .cnn import NatureCNN
+
+    features = NatureCNN(**cnn)
+    return features, features.features_dim
+
+
+def _encode(features, obs):
+    """The MLP input: the observation itself, or the CNN features of the uint8 frames (graph code)."""
+    return obs if features is None else features(obs)
+
+
 class QNetwork(nn.Cell):
     """obs (B, obs_dim) -> Q values (B, n_actions); with ``cnn`` (the keyword arguments of
     :class:`~scalebox_ms.models.cnn.NatureCNN`) uint8 images (B, C, H, W) -> NatureCNN features -> the MLP
@@ -55,44 +84,43 @@ class QNetwork(nn.Cell):
     def __init__(self, obs_dim: int, n_actions: int, layers, activation: str = "relu", ortho: bool = False,
                  cnn=None):
         super().__init__()
-        self.features = None
-        if cnn is not None:
-            from .cnn import NatureCNN
-
-            self.features = NatureCNN(**cnn)
-            obs_dim = self.features.features_dim
+        self.features, obs_dim = _features(obs_dim, cnn)
         self.q_net = mlp(obs_dim, list(layers), n_actions, activation, ortho, 1.0)
 
     def construct(self, obs):
-        x = obs if self.features is None else self.features(obs)
-        return self.q_net(x).astype(ms.float32)  # (float32 maths after a low-precision net under AMP)
+        return self.q_net(_encode(self.features, obs)).astype(ms.float32)  # (float32 maths after a low-precision net under AMP)
 
 
 class TwinCritic(nn.Cell):
-    """(obs, action) -> (Q1, Q2), each (B,): two independent MLPs on concat(obs, action) (clipped double-Q)."""
+    """(obs, action) -> (Q1, Q2), each (B,): two independent MLPs on concat(obs, action) (clipped double-Q); with
+    ``cnn``, on concat(NatureCNN(obs), action), one CNN under both (SB3's ContinuousCritic)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False):
+    def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False,
+                 cnn=None):
         super().__init__()
+        self.features, obs_dim = _features(obs_dim, cnn)
         self.qf0 = mlp(obs_dim + action_dim, list(layers), 1, activation, ortho, 1.0)
         self.qf1 = mlp(obs_dim + action_dim, list(layers), 1, activation, ortho, 1.0)
 
     def construct(self, obs, action):
-        x = ops.concat([obs, action], 1)
+        x = ops.concat([_encode(self.features, obs), action], 1)
         return self.qf0(x)[:, 0].astype(ms.float32), self.qf1(x)[:, 0].astype(ms.float32)
 
 
 class SquashedGaussianActor(nn.Cell):
     """SAC's actor: tanh-squashed diagonal Gaussian with state-dependent log-std."""
 
-    def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False):
+    def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False,
+                 cnn=None):
         super().__init__()
+        self.features, obs_dim = _features(obs_dim, cnn)
         self.latent_pi = _trunk(obs_dim, list(layers), activation, ortho)
         self.mu = _head(layers[-1], action_dim, ortho, 0.01)
         self.log_std = _head(layers[-1], action_dim, ortho, 0.01)
 
     def action_log_prob(self, obs, eps):
         """Reparameterised sample ``tanh(mean + std * eps)`` for standard-normal ``eps`` and its log-probability."""
-        h = self.latent_pi(obs)
+        h = self.latent_pi(_encode(self.features, obs))
         mean = self.mu(h).astype(ms.float32)
         log_std = ops.clip_by_value(self.log_std(h).astype(ms.float32), LOG_STD_MIN, LOG_STD_MAX)
         u = mean + ops.exp(log_std) * eps
@@ -102,18 +130,20 @@ class SquashedGaussianActor(nn.Cell):
 
     def construct(self, obs):
         """The deterministic action: tanh of the mean."""
-        return ops.tanh(self.mu(self.latent_pi(obs)).astype(ms.float32))
+        return ops.tanh(self.mu(self.latent_pi(_encode(self.features, obs))).astype(ms.float32))
 
 
 class DeterministicActor(nn.Cell):
     """TD3's actor: obs -> tanh(MLP(obs))."""
 
-    def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False):
+    def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False,
+                 cnn=None):
         super().__init__()
+        self.features, obs_dim = _features(obs_dim, cnn)
         self.mu = mlp(obs_dim, list(layers), action_dim, activation, ortho, 1.0)
 
     def construct(self, obs):
-        return ops.tanh(self.mu(obs).astype(ms.float32))
+        return ops.tanh(self.mu(_encode(self.features, obs)).astype(ms.float32))
 
 
 def copy_network(net: nn.Cell, prefix: str) -> nn.Cell:

@@ -22,7 +22,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from ..models.offpolicy import AdamGroup, Learner, QNetwork, guarded_update, polyak
+from ..models.offpolicy import AdamGroup, Learner, QNetwork, cnn_kwargs, guarded_update, polyak
 from .offpolicy import OffPolicyTrainer
 
 
@@ -48,10 +48,7 @@ class DQNLearner(Learner):
     def __init__(self, spec, policy_cfg, cfg, amp=None):
         super().__init__()
         args = (spec.obs_dim, spec.action_dim, policy_cfg.vf_layers, policy_cfg.activation, policy_cfg.ortho_init)
-        cnn = None
-        if spec.image:  # uint8 (C, H, W) frames: NatureCNN features, then the vf_layers MLP (SB3's CnnPolicy)
-            cnn = {"image_shape": spec.image_shape, "channels": tuple(policy_cfg.cnn_channels),
-                   "features_dim": policy_cfg.cnn_features_dim, "ortho": policy_cfg.ortho_init}
+        cnn = cnn_kwargs(spec, policy_cfg)  # images: NatureCNN features, then the vf_layers MLP (SB3's CnnPolicy)
         self.q = QNetwork(*args, cnn=cnn)
         self.q_target = QNetwork(*args, cnn=cnn)
         for t, s in zip(self.q_target.get_parameters(), self.q.get_parameters()):

@@ -27,7 +27,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..config_offpolicy import entropy_coefficient
-from ..models.offpolicy import AdamGroup, CellChain, Learner, SquashedGaussianActor, TwinCritic, guarded_update, polyak
+from ..models.offpolicy import (AdamGroup, CellChain, Learner, SquashedGaussianActor, TwinCritic, cnn_kwargs,
+                                guarded_update, polyak)
 from .offpolicy import OffPolicyTrainer
 
 
@@ -70,7 +71,7 @@ class SACLearner(Learner):
     def __init__(self, spec, policy_cfg, cfg, amp=None):
         super().__init__()
         A = spec.action_dim
-        common = (policy_cfg.activation, policy_cfg.ortho_init)
+        common = (policy_cfg.activation, policy_cfg.ortho_init, cnn_kwargs(spec, policy_cfg))  # (images: CNNs)
         self.actor = SquashedGaussianActor(spec.obs_dim, A, policy_cfg.pi_layers, *common)
         self.critic = TwinCritic(spec.obs_dim, A, policy_cfg.vf_layers, *common)
         self.critic_target = TwinCritic(spec.obs_dim, A, policy_cfg.vf_layers, *common)
@@ -128,6 +129,11 @@ class SACLearner(Learner):
             polyak(self.target_params, self.online_params, self.tau)
         bad = 1.0 - ops.logical_and(critic_ok, actor_ok).astype(ms.float32)
         return ops.stack([critic_loss, actor_loss, alpha, alpha_loss, q_mean, -mean_log_prob, bad])
+
+    @property
+    def features(self):
+        """The actor's NatureCNN (image observations) or None: what INT8 export quantizes before the MLP."""
+        return self.actor.features
 
     def policy(self, obs, noise):
         """A sampled action in [-1, 1] for standard-normal ``noise``."""

@@ -19,7 +19,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from ..models.offpolicy import AdamGroup, DeterministicActor, Learner, TwinCritic, guarded_update, polyak
+from ..models.offpolicy import AdamGroup, DeterministicActor, Learner, TwinCritic, cnn_kwargs, guarded_update, polyak
 from .offpolicy import OffPolicyTrainer
 
 
@@ -57,7 +57,7 @@ class TD3Learner(Learner):
     def __init__(self, spec, policy_cfg, cfg, amp=None):
         super().__init__()
         A = spec.action_dim
-        common = (policy_cfg.activation, policy_cfg.ortho_init)
+        common = (policy_cfg.activation, policy_cfg.ortho_init, cnn_kwargs(spec, policy_cfg))  # (images: CNNs)
         self.actor = DeterministicActor(spec.obs_dim, A, policy_cfg.pi_layers, *common)
         self.actor_target = DeterministicActor(spec.obs_dim, A, policy_cfg.pi_layers, *common)
         self.critic = TwinCritic(spec.obs_dim, A, policy_cfg.vf_layers, *common)
@@ -103,6 +103,11 @@ class TD3Learner(Learner):
         self.end_step(ops.logical_and(ok, actor_ok))
         return ops.stack([critic_loss, actor_loss, q_mean, delayed.astype(ms.float32),
                           1.0 - ok.astype(ms.float32)])
+
+    @property
+    def features(self):
+        """The actor's NatureCNN (image observations) or None: what INT8 export quantizes before the MLP."""
+        return self.actor.features
 
     def policy(self, obs, noise):
         return self.actor(obs)
