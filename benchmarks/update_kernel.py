@@ -3,8 +3,9 @@
 One call = one minibatch step: gather, forward, PPO loss, backward, grad-norm clip, Adam (PPOUpdateStep launches
 ~220 MindSpore kernels; PPOUpdateKernel one). Timed from the Python call to the numpy copy of the (N_STATS,)
 stats vector. Models: CartPole's default actor-critic (obs 4, pi 64-64-2, vf 64-64-1, tanh) and a continuous one
-(obs 3, pi 64-64-1 Gaussian, vf 64-64-1, tanh); rollout of max(4096, batch) rows, minibatches of 64 / 256 / 1024 /
-4096 / 16384 gathered by random indices, default PPOConfig (max_grad_norm 0.5, no value clipping, no target_kl).
+(obs 3, pi 64-64-1 Gaussian, vf 64-64-1, tanh), minibatches of 64 / 256 / 1024 / 4096 / 16384, and the MuJoCo
+presets' networks (``mujoco``: obs 17, pi 256-256-6 Gaussian, vf 256-256-1, relu), minibatches of 64 / 256; a
+rollout of max(4096, batch) rows, minibatches gathered by random indices, default PPOConfig (max_grad_norm 0.5, no value clipping, no target_kl).
 Variants: ``builtin``, ``kernel`` (default threads: SCALEBOX_MS_KERNEL_THREADS or the hardware threads capped at
 8; minibatches of >= 2048 rows are split into 512-row blocks shared out to the threads) and ``kernel_t1`` (the
 same kernel with SCALEBOX_MS_KERNEL_THREADS=1 set around each call). Large batches get fewer timed calls
@@ -37,8 +38,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = (64, 256, 1024, 4096, 16384)
 ROWS = 4096  # rollout rows (at least the batch)
 THREADS_ENV = "SCALEBOX_MS_KERNEL_THREADS"
-MODELS = ("cartpole-discrete", "continuous")
+MODELS = ("cartpole-discrete", "continuous", "mujoco")
+#: minibatch sizes per model (the MuJoCo presets train minibatches of 32-64 rows)
+MODEL_BATCHES = {"mujoco": (64, 256)}
+UPDATE_MODELS = ("cartpole-discrete", "continuous")
 VARIANTS = ("builtin", "kernel", "kernel_t1")
+
+
+def model_spec(model_name: str):
+    """(SpaceSpec, ActorCritic kwargs) of a benchmark model."""
+    from scalebox_ms.models import SpaceSpec
+
+    if model_name == "cartpole-discrete":
+        return SpaceSpec(4, True, 2), {}
+    if model_name == "continuous":
+        return SpaceSpec(3, False, 1, low=(-2.0,), high=(2.0,)), {}
+    # the MuJoCo presets' networks (configs/ppo_halfcheetah.yaml): obs 17, 6 actions, 256-256 ReLU, no ortho init
+    return (SpaceSpec(17, False, 6, low=(-1.0,) * 6, high=(1.0,) * 6),
+            {"pi_layers": (256, 256), "vf_layers": (256, 256), "activation": "relu", "ortho_init": False,
+             "log_std_init": -2.0})
 
 
 def build(model_name: str, batch: int):
@@ -47,15 +65,14 @@ def build(model_name: str, batch: int):
     import numpy as np
 
     from scalebox_ms.config import PPOConfig
-    from scalebox_ms.models import SpaceSpec
     from scalebox_ms.models.actor_critic import ActorCritic
     from scalebox_ms.ops.custom import PPOUpdateKernel
     from scalebox_ms.trainers.ppo_update import PPOUpdateStep, pack_features
 
     discrete = model_name == "cartpole-discrete"
-    spec = SpaceSpec(4, True, 2) if discrete else SpaceSpec(3, False, 1, low=(-2.0,), high=(2.0,))
+    spec, kw = model_spec(model_name)
     cfg = PPOConfig(learning_rate=3e-4)
-    a, b = ActorCritic(spec), ActorCritic(spec)
+    a, b = ActorCritic(spec, **kw), ActorCritic(spec, **kw)
     b.load_logical_parameters(a.logical_parameters())
     builtin = PPOUpdateStep(a, cfg)
     kernel = PPOUpdateKernel(b, PPOUpdateStep(b, cfg).optimizer, cfg)
@@ -63,8 +80,8 @@ def build(model_name: str, batch: int):
     rows = max(ROWS, batch)
     obs = rng.normal(size=(rows, spec.obs_dim))
     actions = rng.integers(0, 2, rows).astype(np.int32) if discrete else \
-        rng.normal(size=(rows, 1)).astype(np.float32)
-    old_lp = np.full(rows, -0.69) if discrete else -0.92 - 0.5 * np.asarray(actions)[:, 0] ** 2
+        rng.normal(size=(rows, spec.action_dim)).astype(np.float32)
+    old_lp = np.full(rows, -0.69) if discrete else (-0.92 - 0.5 * np.asarray(actions) ** 2).sum(1)
     adv = rng.normal(size=rows)
     features = ms.Tensor(pack_features(obs, old_lp + rng.normal(size=rows) * 0.05, rng.normal(size=rows), adv,
                                        adv, np.ones(rows)))
@@ -182,7 +199,7 @@ def main() -> None:
     print(f"{'model':>18} {'batch':>6} {'builtin ms':>11} {'kernel ms':>10} {'T':>3} {'kernel T=1 ms':>14} "
           f"{'kernel/builtin':>15} {'T=1/kernel':>11}", flush=True)
     for model_name in MODELS:
-        for batch in BATCHES:
+        for batch in MODEL_BATCHES.get(model_name, BATCHES):
             steps, inputs, dev = build(model_name, batch)
             calls = min(args.calls, max(20, args.calls * 1024 // batch))
             for step in steps.values():  # warm-up
@@ -206,7 +223,7 @@ def main() -> None:
     print(f"\nwhole update, {UPDATE_ROWS}-row rollout, {UPDATE_MB} minibatches of {UPDATE_ROWS}: ms per minibatch",
           flush=True)
     print(f"{'model':>18} {'builtin':>9} {'kernel':>9} {'run_epochs':>11} {'epochs/kernel':>14}", flush=True)
-    for model_name in MODELS:
+    for model_name in UPDATE_MODELS:
         fns, perms, dev = build_update(model_name)
         for fn in fns.values():  # warm-up
             time_updates(fn, perms, 3)
@@ -228,7 +245,8 @@ def main() -> None:
 
     atomic_write_json(args.out, {
         "models": {"cartpole-discrete": "obs 4, pi 64-64-2 Categorical, vf 64-64-1, tanh",
-                   "continuous": "obs 3, pi 64-64-1 diagonal Gaussian (state-independent log_std), vf 64-64-1, tanh"},
+                   "continuous": "obs 3, pi 64-64-1 diagonal Gaussian (state-independent log_std), vf 64-64-1, tanh",
+                   "mujoco": "obs 17, pi 256-256-6 diagonal Gaussian, vf 256-256-1, relu (the MuJoCo presets)"},
         "call": "step(features, actions, indices, lr, clip_range, clip_range_vf, kl_limit).asnumpy(): one PPO "
                 "minibatch update (gather, loss, backward, grad clip 0.5, Adam) from a max(4096, batch)-row rollout; "
                 "kernel: default threads (kernel_threads/kernel_blocks per row), kernel_t1: "
