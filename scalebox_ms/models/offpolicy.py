@@ -88,7 +88,8 @@ class QNetwork(nn.Cell):
         self.q_net = mlp(obs_dim, list(layers), n_actions, activation, ortho, 1.0)
 
     def construct(self, obs):
-        return self.q_net(_encode(self.features, obs)).astype(ms.float32)  # (float32 maths after a low-precision net under AMP)
+        # (float32 maths after a low-precision net under AMP)
+        return self.q_net(_encode(self.features, obs)).astype(ms.float32)
 
 
 class TwinCritic(nn.Cell):

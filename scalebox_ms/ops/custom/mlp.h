@@ -77,7 +77,8 @@ SBX_INLINE void tile_row(int K, const float *A, int64_t sar, int64_t sak, const 
 inline void gemm(int rows, int N, int K, const float *A, int64_t sar, int64_t sak, const float *B, int ldb, float *C,
                  int64_t ldc, const float *bias, int act = kActNone) {
   int r = 0;
-  for (; r + kRows <= rows; r += kRows) tile_row<kRows>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
+  for (; r + kRows <= rows; r += kRows)
+    tile_row<kRows>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
   if (kRows > 4 && r + 4 <= rows) {
     tile_row<4>(K, A + r * sar, sar, sak, B, ldb, C + r * ldc, ldc, N, bias, act);
     r += 4;
@@ -133,7 +134,7 @@ struct Dense {
       rows = w;
       return;
     }
-    wp.assign(static_cast<size_t>(out) * inp, 0.0f);
+    if (wp.empty()) wp.assign(static_cast<size_t>(out) * inp, 0.0f);  // once: the padding stays zero
     for (int o = 0; o < out; ++o) std::memcpy(wp.data() + static_cast<size_t>(o) * inp, w + o * ld, sizeof(float) * in);
     rows = wp.data();
   }

@@ -58,8 +58,8 @@ inline double sum_squares(const float *g, int64_t n) {
 }
 
 // MindSpore P.Adam (CPU): m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); w -= lr_t m / (sqrt(v) + eps).
-inline void adam(float *__restrict w, float *__restrict m, float *__restrict v, const float *__restrict g, int64_t n, float coef, float lr_t, float beta1,
-                 float beta2, float eps) {
+inline void adam(float *__restrict w, float *__restrict m, float *__restrict v, const float *__restrict g, int64_t n,
+                 float coef, float lr_t, float beta1, float beta2, float eps) {
   const float c1 = 1.0f - beta1, c2 = 1.0f - beta2;
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * coef;
@@ -113,7 +113,7 @@ bool apply_update(Ctx &c, const BlockGrads &bpi, const BlockGrads &bvf,
     Layer &L = c.layer(k);
     adam(L.w, L.mw, L.vw, L.gw.data(), static_cast<int64_t>(L.out) * L.in, coef, lr_t, beta1, beta2, eps);
     adam(L.b, L.mb, L.vb, L.gb.data(), L.out, coef, lr_t, beta1, beta2, eps);
-    L.load(L.w, L.in, L.b);  // the GEMMs' copies of the new weights, while they are in cache (c.loaded stays true)
+    L.load(L.w, L.in, L.b);  // the GEMMs' copies of the new weights, while they are in cache
   }
   if (!c.discrete) adam(c.log_std, c.m_log_std, c.v_log_std, gls.data(), act_dim, coef, lr_t, beta1, beta2, eps);
   return true;

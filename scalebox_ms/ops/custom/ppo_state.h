@@ -90,7 +90,6 @@ struct Ctx {
   std::vector<float> x, old_lp, old_v, adv, ret, mask, a_cont, inv_std, gls;
   std::vector<int32_t> a_disc;
   float n = 1.0f, gauss_ent = 0.0f;
-  bool loaded = false;  // the layers' padded copies match the Parameters (loaded once per call, then kept by Adam)
   std::vector<Worker> workers;  // one per thread
   std::vector<BlockAcc> blocks;  // one per block (split minibatches)
 

@@ -57,8 +57,8 @@ namespace {
 #include "ppo_loss.h"   // run_block
 #include "ppo_optim.h"  // apply_update
 
-// Reads and checks every input but the indices and the output; nothing is written. idx_ndim: 1 (one minibatch)
-// or 2 (n_mb minibatches). Returns kOk or an error status.
+// Reads and checks every input but the indices and the output, and loads the layers' padded weight copies (Ctx
+// scratch); no input is written. idx_ndim: 1 (one minibatch) or 2 (n_mb minibatches). Returns kOk or an error.
 int setup(Ctx &c, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int idx_ndim) {
   if (nparam < kInLayers + 1) return kErrInputCount;
   const int32_t *meta = static_cast<const int32_t *>(params[kInMeta]);
@@ -127,6 +127,8 @@ int setup(Ctx &c, int nparam, void **params, int *ndims, int64_t **shapes, const
     L.vb = static_cast<float *>(params[pb + 4 * nl]);
   }
   if (c.pi.back().out != act_dim || c.vf.back().out != 1) return kErrHeadShape;
+  // the GEMMs' padded copies of the Parameters' current values, once per call; each applied Adam step refreshes them
+  for (int k = 0; k < nl; ++k) c.layer(k).load(c.layer(k).w, c.layer(k).in, c.layer(k).b);
   return kOk;
 }
 
@@ -271,11 +273,6 @@ Sums run_split(Ctx &c, int M, int NB, int T) {
 // depend on M only: not on T, nor on scheduling. Smaller minibatches are one block: no thread, the original
 // single-thread code path and results.
 __attribute__((noinline)) void step(Ctx &c, const int32_t *idx, int M, float *out) {
-  if (!c.loaded) {  // the padded copies, from the Parameters' current values (later: refreshed by the Adam step)
-    for (Layer &L : c.pi) L.load(L.w, L.in, L.b);
-    for (Layer &L : c.vf) L.load(L.w, L.in, L.b);
-    c.loaded = true;
-  }
   gather(c, idx, M);
   minibatch_statistics(c, M);
 
