@@ -11,6 +11,10 @@ Both sides use rl-zoo3's tuned hyper-parameters, one env, SB3 on the CPU:
 * ``sac_pendulum_native``  ours only: configs/sac_pendulum_native.yaml steps scalebox_ms's MindSpore-native
   Pendulum (evaluation still runs on gymnasium's Pendulum-v1); compared by env steps/s, updates included, with
   SB3's ``sac_pendulum`` run (gymnasium Pendulum-v1), which is run once per seed and shared by both tasks.
+* ``sac_halfcheetah``      (not run by default; the [mujoco] extra) SAC, HalfCheetah-v5, 200k steps (issue 14's
+  comparison; rl-zoo3 trains 1M): learning_starts 10000, SB3's defaults otherwise (lr 3e-4, buffer 1e6, batch 256,
+  tau 0.005, gamma 0.99, train_freq 1, gradient_steps 1, ent_coef auto, net [256, 256]). Ours:
+  configs/sac_halfcheetah.yaml at 200k steps. ~25 min per library here: run it alone.
 * ``td3_pendulum``         (not run by default) TD3, Pendulum-v1, 20k steps: gamma 0.98, buffer 200k,
   learning_starts 10k, Gaussian action noise sigma 0.1, train_freq 1, gradient_steps 1, lr 1e-3,
   net [400, 300]. Ours: configs/td3_pendulum.yaml.
@@ -59,6 +63,9 @@ TASKS = {
     "sac_pendulum_native": {"env": "Pendulum-v1", "steps": 20_000, "config": "sac_pendulum_native.yaml",
                             "sb3": "sac_pendulum"},
     "td3_pendulum": {"env": "Pendulum-v1", "steps": 20_000, "config": "td3_pendulum.yaml", "sb3": "td3_pendulum"},
+    # (ours_steps: our run's length when --steps is not given, instead of the config's run.total_steps)
+    "sac_halfcheetah": {"env": "HalfCheetah-v5", "steps": 200_000, "ours_steps": 200_000,
+                        "config": "sac_halfcheetah.yaml", "sb3": "sac_halfcheetah"},
 }
 DEFAULT_TASKS = ["dqn_cartpole", "sac_pendulum", "sac_pendulum_native"]
 
@@ -71,6 +78,7 @@ def worker_scalebox(task: str, seed: int, steps: int | None) -> dict:
     from scalebox_ms.trainers import make_trainer
     from scalebox_ms.trainers.evaluation import evaluate_policy
 
+    steps = steps or TASKS[task].get("ours_steps")
     overrides = [f"run.seed={seed}", "run.progress=false"] + ([f"run.total_steps={steps}"] if steps else [])
     cfg = load_config(os.path.join(REPO, "configs", TASKS[task]["config"]), overrides)
     trainer = make_trainer(cfg)
@@ -99,6 +107,10 @@ def make_sb3_model(task: str, seed: int):
     if task == "sac_pendulum":  # rl-zoo3 sets only learning_rate; the rest are SB3's defaults, spelt out
         return SAC("MlpPolicy", env, learning_rate=1e-3, buffer_size=1_000_000, learning_starts=100, batch_size=256,
                    tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1, ent_coef="auto",
+                   policy_kwargs={"net_arch": [256, 256]}, **common)
+    if task == "sac_halfcheetah":  # rl-zoo3 sets only learning_starts
+        return SAC("MlpPolicy", env, learning_rate=3e-4, buffer_size=1_000_000, learning_starts=10_000,
+                   batch_size=256, tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1, ent_coef="auto",
                    policy_kwargs={"net_arch": [256, 256]}, **common)
     if task == "td3_pendulum":
         n_actions = env.action_space.shape[-1]
@@ -178,6 +190,7 @@ def main() -> None:
         raise SystemExit(f"config(s) not found in {config_dir}: {', '.join(missing)}")
 
     results = []
+    partial = args.out + ".partial"  # the runs so far, rewritten after each one (long tasks); removed at the end
     for seed in args.seeds:  # interleave the libraries so machine noise hits both alike
         done = set()
         for task in tasks:
@@ -190,6 +203,7 @@ def main() -> None:
                 print(f"{lib:12s} {run_task:20s} seed {seed}: train {r['train_s']:7.1f} s  "
                       f"{r['steps_per_s']:6.0f} steps/s  eval {r['eval']:7.1f}  rss {r['rss_mb']:5.0f} MB  "
                       f"(process {r['process_s']:.1f} s)", flush=True)
+                atomic_write_json(partial, {"runs": results, "complete": False})
 
     def agg(lib, task, key):
         return statistics.median(r[key] for r in results if r["lib"] == lib and r["task"] == task)
@@ -239,6 +253,7 @@ def main() -> None:
                            "torch_threads": sorted({r["torch_threads"] for r in sb3_runs})},
                "date": time.strftime("%Y-%m-%d %H:%M")}
     atomic_write_json(args.out, payload)
+    os.remove(partial)
     print(f"wrote {args.out}")
 
 

@@ -35,8 +35,7 @@ class _TDLoss(nn.Cell):
         next_q = ops.stop_gradient(ops.amax(self.q_target(next_obs), 1))
         y = reward + self.gamma * (1.0 - terminated) * next_q
         q = ops.gather_elements(self.q(obs), 1, action.reshape((-1, 1)))[:, 0]
-        err = ops.abs(q - y)
-        loss = ops.select(err < 1.0, 0.5 * err * err, err - 0.5).mean()
+        loss = ops.smooth_l1_loss(q, y, beta=1.0, reduction="mean")  # Huber: one fused kernel and its grad
         return loss * scale, loss, q.mean()  # (differentiated: the loss times the AMP loss scale, 1 in float32)
 
 
