@@ -64,8 +64,8 @@ class PolicyConfig:
     #: acting-call kernel: 'builtin' (MindSpore ops), 'custom' (the C++ fused-MLP aot kernel of
     #: scalebox_ms.ops.custom; inference only), 'auto' (custom where benchmarks/acting_kernels.py measured it faster)
     act_kernel: str = "builtin"
-    #: feature extractor: 'auto' (NatureCNN for image observations, else the MLP on the encoded vector), 'mlp'
-    #: (images flattened too) or 'nature_cnn' (image observations only)
+    #: feature extractor: 'auto' (NatureCNN for image observations, one per image inside a Dict/Tuple, else the
+    #: MLP on the encoded vector), 'mlp' (images flattened too) or 'nature_cnn' (observations with images only)
     features: str = "auto"
     #: one CNN for the policy and the value function (else one each); the MLP path always has separate networks
     share_features: bool = True

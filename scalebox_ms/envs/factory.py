@@ -112,7 +112,8 @@ def space_spec(obs_space, act_space, env_id: str = "env", features: str = "auto"
     from .obs_encoding import ObsEncoder
 
     enc = ObsEncoder(obs_space, env_id, features)
-    SpaceSpec_ = functools.partial(SpaceSpec, image_shape=enc.obs_shape if enc.image else None)
+    SpaceSpec_ = functools.partial(SpaceSpec, image_shape=enc.obs_shape if enc.image else None,
+                                   image_parts=enc.image_parts)
     obs_dim = enc.obs_dim
     where = f"env.id: {short_repr(env_id)} has"
     if isinstance(act_space, spaces.Discrete):

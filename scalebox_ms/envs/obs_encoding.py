@@ -24,8 +24,16 @@ the compiled acting and update graphs, the C++ MLP kernels) sees a flat ``(batch
 (uint8, three dimensions, bounds 0 and 255: SB3's ``is_image_space``) is not flattened. It stays uint8,
 channels first (``(C, H, W)``; a channels-last space, detected as SB3 does by the position of the smallest
 dimension, is transposed), and the network scales it by 1/255 in the graph (:class:`~scalebox_ms.models.cnn.NatureCNN`).
-Images are never normalised. An image inside a Dict/Tuple is refused with ``features='auto'`` (a CNN per part
-is not implemented); ``features='mlp'`` flattens images like any Box.
+Images are never normalised.
+
+**Images inside a Dict/Tuple** (the same detection; SB3's ``MultiInputPolicy``) become ``image`` leaves of the
+flat vector: the frame, transposed to (C, H, W) like a top-level image, is packed three pixels per float32
+column (:func:`pack_pixels`: ``p0 + 256 p1 + 65536 p2``, an integer below 2**24 and so exact in float32), which
+keeps one flat float32 array per observation through rollouts, replay buffers and graphs at 4/3 of the uint8
+bytes instead of 4x. The model unpacks the columns exactly and runs one NatureCNN per image leaf
+(:class:`~scalebox_ms.models.cnn.CombinedFeatures`, SB3's ``CombinedExtractor``). Packed columns are never
+normalised. ``features='mlp'`` flattens images like any Box.
+
 Exported MindIR policies take the raw leaves instead, one input per leaf in :attr:`ObsEncoder.leaves` order, and
 encode them inside the graph (:class:`scalebox_ms.models.obs_encoder.ObsEncoderCell`, tested against this one).
 """
@@ -38,7 +46,8 @@ import numpy as np
 
 from ..errors import ConfigError, TrainingError, short_repr
 
-LEAF_KINDS = ("box", "discrete", "multidiscrete", "multibinary")
+LEAF_KINDS = ("box", "discrete", "multidiscrete", "multibinary", "image")
+PIXELS_PER_COLUMN = 3  # uint8 pixels packed into one float32 column (exact: 3 * 8 bits <= float32's 24-bit mantissa)
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,12 @@ class Leaf:
     width: int
     nvec: Tuple[int, ...] = ()      # discrete: (n,); multidiscrete: the flattened nvec
     start: Tuple[int, ...] = ()     # discrete / multidiscrete: the flattened start values
+    chw: Tuple[int, ...] = ()       # image: the (C, H, W) frame the CNN sees (``shape`` is the env's, maybe HWC)
+
+    @property
+    def channels_last(self) -> bool:
+        """image: the env gives (H, W, C) frames (transposed to ``chw`` by the encoders)."""
+        return bool(self.chw) and tuple(self.shape) != tuple(self.chw)
 
     @property
     def name(self) -> str:
@@ -61,6 +76,8 @@ class Leaf:
     @property
     def input_dtype(self) -> str:
         """dtype of this leaf's input in an exported MindIR policy."""
+        if self.kind == "image":
+            return "uint8"
         return "int32" if self.kind in ("discrete", "multidiscrete") else "float32"
 
 
@@ -77,10 +94,11 @@ class ObsEncoder:
         self._offset = 0
         #: an image observation kept as uint8 (C, H, W) for a CNN
         self.image = features != "mlp" and is_image_space(space)
-        if features == "nature_cnn" and not self.image:
-            raise ConfigError(f"policy.features: nature_cnn needs an image observation (uint8 Box of 3 dimensions "
-                              f"with bounds 0 and 255); {short_repr(env_id)} has {_describe(space)}")
         self._walk(space, ())
+        if features == "nature_cnn" and not self.image and not self.image_parts:
+            raise ConfigError(f"policy.features: nature_cnn needs an image observation (uint8 Box of 3 dimensions "
+                              f"with bounds 0 and 255, alone or inside a Dict/Tuple); {short_repr(env_id)} has "
+                              f"{_describe(space)}")
         self.obs_dim = self._offset
         #: channels last in the env's space (HWC): transposed to CHW by the encoder
         self.channels_last = self.image and int(np.argmin(space.shape)) != 0
@@ -108,9 +126,12 @@ class ObsEncoder:
             for i, sub in enumerate(space.spaces):
                 self._walk(sub, path + (i,))
         elif isinstance(space, spaces.Box):
-            if path and self.features == "auto" and is_image_space(space):
-                raise ConfigError(f"{where} part {'.'.join(map(str, path))} that is an image; images inside Dict/"
-                                  "Tuple observations are not supported yet (policy.features: mlp flattens them)")
+            if path and self.features != "mlp" and is_image_space(space):  # a NatureCNN per image leaf
+                shape = tuple(int(s) for s in space.shape)
+                chw = (shape[2], shape[0], shape[1]) if int(np.argmin(shape)) != 0 else shape
+                pixels = int(np.prod(shape, dtype=np.int64))
+                self._add(path, "image", shape, -(-pixels // PIXELS_PER_COLUMN), chw=chw)
+                return
             self._add(path, "box", space.shape, int(np.prod(space.shape, dtype=np.int64)))
         elif isinstance(space, spaces.Discrete):
             self._add(path, "discrete", (), int(space.n), (int(space.n),), (int(space.start),))
@@ -126,9 +147,15 @@ class ObsEncoder:
             raise ConfigError(f"{where}{part} of type {type(space).__name__}; scalebox_ms supports Box, Discrete, "
                               "MultiDiscrete and MultiBinary observations, and Dict/Tuple of them")
 
-    def _add(self, path, kind, shape, width, nvec=(), start=()) -> None:
-        self.leaves.append(Leaf(tuple(path), kind, tuple(int(s) for s in shape), self._offset, width, nvec, start))
+    def _add(self, path, kind, shape, width, nvec=(), start=(), chw=()) -> None:
+        self.leaves.append(Leaf(tuple(path), kind, tuple(int(s) for s in shape), self._offset, width, nvec, start,
+                                tuple(chw)))
         self._offset += width
+
+    @property
+    def image_parts(self) -> Tuple[Tuple[int, int, Tuple[int, int, int]], ...]:
+        """``(offset, width, (C, H, W))`` of each image leaf's packed columns (empty without image leaves)."""
+        return tuple((leaf.offset, leaf.width, leaf.chw) for leaf in self.leaves if leaf.kind == "image")
 
     # ------------------------------------------------------------------ encoding
     def _leaf_value(self, obs, leaf: Leaf):
@@ -146,8 +173,7 @@ class ObsEncoder:
         out = []
         for leaf in self.leaves:
             x = np.asarray(self._leaf_value(obs, leaf))
-            out.append(x.astype(np.int32 if leaf.input_dtype == "int32" else np.float32, copy=False)
-                       .reshape((-1,) + leaf.shape))
+            out.append(x.astype(np.dtype(leaf.input_dtype), copy=False).reshape((-1,) + leaf.shape))
         return out
 
     def encode(self, obs) -> np.ndarray:
@@ -163,6 +189,9 @@ class ObsEncoder:
         out = np.zeros((B, self.obs_dim), np.float32)
         for leaf, x in zip(self.leaves, arrays):
             cols = slice(leaf.offset, leaf.offset + leaf.width)
+            if leaf.kind == "image":
+                out[:, cols] = pack_pixels(x.transpose(0, 3, 1, 2) if leaf.channels_last else x)
+                continue
             if leaf.kind in ("box", "multibinary"):
                 out[:, cols] = x.reshape(B, -1)
                 continue
@@ -183,8 +212,22 @@ class ObsEncoder:
             return None
         return [{"name": leaf.name, "path": list(leaf.path), "kind": leaf.kind, "shape": list(leaf.shape),
                  "dtype": leaf.input_dtype, "columns": [leaf.offset, leaf.offset + leaf.width],
-                 **({"nvec": list(leaf.nvec), "start": list(leaf.start)} if leaf.nvec else {})}
+                 **({"nvec": list(leaf.nvec), "start": list(leaf.start)} if leaf.nvec else {}),
+                 **({"image": {"chw": list(leaf.chw), "channels_last": leaf.channels_last, "scaled_in_graph": "1/255",
+                               "packed": f"{PIXELS_PER_COLUMN} pixels per float32 column"}} if leaf.chw else {})}
                 for leaf in self.leaves]
+
+
+def pack_pixels(frames: np.ndarray) -> np.ndarray:
+    """uint8 frames (B, ...) -> float32 (B, ceil(n / 3)): pixels i, i+1, i+2 of each flattened frame (C order) as
+    ``p0 + 256 * p1 + 65536 * p2`` (the last column zero-padded). Every value is an integer below 2**24, so float32
+    holds it exactly; :func:`scalebox_ms.models.cnn.unpack_pixels` is the inverse (graph code)."""
+    x = np.asarray(frames, np.uint8).reshape(len(frames), -1)
+    pad = -x.shape[1] % PIXELS_PER_COLUMN
+    if pad:
+        x = np.concatenate([x, np.zeros((len(x), pad), np.uint8)], 1)
+    x = x.reshape(len(x), -1, PIXELS_PER_COLUMN).astype(np.int32)
+    return (x[..., 0] + 256 * x[..., 1] + 65536 * x[..., 2]).astype(np.float32)
 
 
 def is_image_space(space) -> bool:

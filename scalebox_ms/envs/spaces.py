@@ -39,6 +39,9 @@ class SpaceSpec:
     action_start: Optional[Tuple[int, ...]] = None
     #: image observations: the encoded (C, H, W) uint8 shape (``obs_dim`` is its size); None for flat vectors
     image_shape: Optional[Tuple[int, ...]] = None
+    #: images inside a Dict/Tuple observation: ``(offset, width, (C, H, W))`` of each one's packed float32 columns
+    #: in the flat vector (:func:`~.obs_encoding.pack_pixels`); empty otherwise
+    image_parts: Tuple[Tuple[int, int, Tuple[int, int, int]], ...] = ()
 
     def __post_init__(self):
         kind = self.action_kind or ("discrete" if self.discrete else "box")
@@ -51,6 +54,11 @@ class SpaceSpec:
     @property
     def image(self) -> bool:
         return self.image_shape is not None
+
+    @property
+    def cnn(self) -> bool:
+        """Whether the model has a NatureCNN feature extractor (an image observation, or images inside one)."""
+        return self.image or bool(self.image_parts)
 
     @property
     def obs_shape(self) -> Tuple[int, ...]:

@@ -6,7 +6,9 @@ Gaussian with a state-independent ``log_std`` Parameter; MultiDiscrete actions o
 over its segment of the logits, MultiBinary actions one Bernoulli per bit (SB3's distributions for those spaces).
 Observations arrive flat: :mod:`scalebox_ms.envs.obs_encoding` one-hots Discrete parts and joins Dict/Tuple parts.
 Image observations (uint8 ``(C, H, W)``) go through a :class:`~scalebox_ms.models.cnn.NatureCNN` first, one shared
-by the two heads (``features.*``) or one each (``features.*`` and ``vf_features.*``), as SB3's ``CnnPolicy``.
+by the two heads (``features.*``) or one each (``features.*`` and ``vf_features.*``), as SB3's ``CnnPolicy``;
+Dict/Tuple observations with images inside through a :class:`~scalebox_ms.models.cnn.CombinedFeatures` (a NatureCNN
+per image, SB3's ``MultiInputPolicy``), shared or not the same way.
 
 Layers: ``layer='dense'`` builds ``nn.Dense`` + activation cells; ``layer='fused'`` builds
 :class:`scalebox_ms.ops.FusedDense` layers (Linear + bias + activation as one layer, storage padded to
@@ -74,7 +76,7 @@ class ActorCritic(nn.Cell):
         log_std_init: initial log standard deviation (continuous actions only).
         layer: 'dense' (nn.Dense + activation cells) or 'fused' (FusedDense, padded storage).
         align: FusedDense storage alignment in elements (layer 'fused' only; 1: no padding).
-        share_features, cnn_channels, cnn_features_dim: the NatureCNN of image observations (``spec.image``).
+        share_features, cnn_channels, cnn_features_dim: the NatureCNN of image observations (``spec.cnn``).
     """
 
     def __init__(self, spec: SpaceSpec, pi_layers=(64, 64), vf_layers=(64, 64), activation: str = "tanh",
@@ -90,15 +92,15 @@ class ActorCritic(nn.Cell):
         self.features = None  # no extractor: the MLPs read the (encoded) observation
         self.shared = True
         in_dim = spec.obs_dim
-        if spec.image:
-            from .cnn import NatureCNN
+        if spec.cnn:
+            from .cnn import build_features
 
-            cnn = (spec.image_shape, cfg.cnn_channels, cfg.cnn_features_dim, cfg.ortho_init)
-            self.features = NatureCNN(*cnn)
+            cnn = (spec, cfg.cnn_channels, cfg.cnn_features_dim, cfg.ortho_init)
+            self.features = build_features(*cnn)
             self.shared = cfg.share_features
             if not self.shared:
-                self.vf_features = NatureCNN(*cnn)
-            in_dim = cfg.cnn_features_dim
+                self.vf_features = build_features(*cnn)
+            in_dim = self.features.features_dim
         self.discrete = spec.discrete
         self.kind = spec.action_kind
         self.segments = spec.segments

@@ -9,6 +9,10 @@ initialisation every layer gets gain sqrt(2) and zero biases (SB3's ``ortho_init
 convolution as im2col (``ops.unfold``) + one batched matmul on CPU, where MindSpore 2.10's ``Conv2D`` kernel is much
 slower (``benchmarks/cnn_conv.py``; docs/performance.md has the table); elsewhere it calls ``ops.conv2d``.
 Tests check both against ``nn.Conv2d``.
+
+:class:`CombinedFeatures` is SB3's ``CombinedExtractor`` for Dict/Tuple observations with images inside: one
+NatureCNN per image leaf on its unpacked frame (:func:`unpack_pixels`), the other columns passed through, all
+concatenated in leaf order.
 """
 from __future__ import annotations
 
@@ -82,15 +86,16 @@ class NatureCNN(nn.Cell):
         self.linear = (nn.Dense(self.n_flatten, features_dim, weight_init=w_init, bias_init=b_init) if ortho
                        else nn.Dense(self.n_flatten, features_dim))
         self.features_dim = int(features_dim)
+        self.image_shape = (c, h, w)
 
     def construct(self, obs):
         x = obs.astype(ms.float32) * (1.0 / 255.0)
         x = self.conv(x)
         return ops.relu(self.linear(x.reshape(x.shape[0], -1)))
 
-    def activation_sizes(self, image_shape) -> list:
+    def activation_sizes(self, image_shape=None) -> list:
         """Floats per image of each layer's im2col patches and outputs (for memory estimates)."""
-        c, h, w = image_shape
+        c, h, w = image_shape or self.image_shape
         sizes, in_c = [], c
         for (k, s), cell in zip(KERNELS, [m for m in self.conv.cells() if isinstance(m, Conv)]):
             h, w = (h - k) // s + 1, (w - k) // s + 1
@@ -98,12 +103,76 @@ class NatureCNN(nn.Cell):
             in_c = cell.out_channels
         return sizes + [self.features_dim]
 
-    def macs(self, image_shape) -> int:
+    def macs(self, image_shape=None) -> int:
         """Multiply-adds per image (convolutions and the Dense layer)."""
-        c, h, w = image_shape
+        c, h, w = image_shape or self.image_shape
         total, in_c = 0, c
         for (k, s), cell in zip(KERNELS, [m for m in self.conv.cells() if isinstance(m, Conv)]):
             h, w = (h - k) // s + 1, (w - k) // s + 1
             total += h * w * cell.out_channels * in_c * k * k
             in_c = cell.out_channels
         return total + self.n_flatten * self.features_dim
+
+
+def unpack_pixels(cols, chw):
+    """Packed float32 columns (B, ceil(n / 3)) -> float32 (B, C, H, W) pixel values 0..255 (graph code); the
+    inverse of :func:`scalebox_ms.envs.obs_encoding.pack_pixels`. Exact: every step is float32 arithmetic on
+    integers below 2**24 (divisions by powers of two, floor, subtraction)."""
+    v = cols.astype(ms.float32)
+    p2 = ops.floor(v * (1.0 / 65536.0))
+    rest = v - p2 * 65536.0
+    p1 = ops.floor(rest * (1.0 / 256.0))
+    p0 = rest - p1 * 256.0
+    pixels = ops.stack([p0, p1, p2], 2).reshape(v.shape[0], -1)  # (B, 3 * columns): pixel order restored
+    c, h, w = chw
+    return pixels[:, :c * h * w].reshape(v.shape[0], c, h, w)
+
+
+class CombinedFeatures(nn.Cell):
+    """SB3's ``CombinedExtractor`` on the flat vector of a Dict/Tuple observation with images inside: for each
+    image leaf (``image_parts``: ``(offset, width, (C, H, W))`` of its packed columns) a NatureCNN on the unpacked
+    frame; every other column as it is; concatenated in column order. ``features_dim`` = the other columns +
+    ``features_dim`` per image (SB3's default there is 256, ``cnn_output_dim``)."""
+
+    def __init__(self, obs_dim: int, image_parts, channels=(32, 64, 64), features_dim: int = 512,
+                 ortho: bool = True, im2col=None):
+        super().__init__()
+        segments, cnns, chws, col = [], [], [], 0  # segments: (start, end, CNN index or -1 for plain columns)
+        for offset, width, chw in sorted(image_parts):
+            if offset > col:
+                segments.append((col, offset, -1))
+            segments.append((offset, offset + width, len(cnns)))
+            chws.append(tuple(int(x) for x in chw))
+            cnns.append(NatureCNN(chw, channels, features_dim, ortho, im2col))
+            col = offset + width
+        if col < obs_dim:
+            segments.append((col, int(obs_dim), -1))
+        self.segments, self.chws = tuple(segments), tuple(chws)
+        self.cnns = nn.CellList(cnns)
+        self.features_dim = sum(e - s for s, e, i in segments if i < 0) + len(cnns) * int(features_dim)
+
+    def construct(self, obs):
+        out = []
+        for start, end, i in self.segments:
+            if i < 0:
+                out.append(obs[:, start:end])
+            else:
+                out.append(self.cnns[i](unpack_pixels(obs[:, start:end], self.chws[i])))
+        return ops.concat(out, 1) if len(out) > 1 else out[0]
+
+    def activation_sizes(self, image_shape=None) -> list:
+        """Floats per observation of each CNN layer's patches and outputs, then the concatenated features."""
+        return [n for cnn in self.cnns for n in cnn.activation_sizes()] + [self.features_dim]
+
+    def macs(self, image_shape=None) -> int:
+        return sum(cnn.macs() for cnn in self.cnns)
+
+
+def build_features(spec, channels, features_dim: int, ortho: bool):
+    """The feature extractor ``spec`` calls for: a NatureCNN (an image observation), a CombinedFeatures (images
+    inside a Dict/Tuple) or None (a flat vector: the MLPs read it directly)."""
+    if spec.image:
+        return NatureCNN(spec.image_shape, channels, features_dim, ortho)
+    if spec.image_parts:
+        return CombinedFeatures(spec.obs_dim, spec.image_parts, channels, features_dim, ortho)
+    return None

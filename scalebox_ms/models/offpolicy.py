@@ -11,8 +11,9 @@ Layouts are Stable-Baselines3's ``MlpPolicy`` ones, so hyper-parameters tuned fo
   (``log N(u) - sum log(1 - tanh(u)^2 + 1e-6)``; log-std clipped to [-20, 2]).
 * :class:`DeterministicActor` (TD3): obs -> MLP(``pi_layers``) -> tanh.
 
-With ``cnn`` (the keyword arguments of :class:`~scalebox_ms.models.cnn.NatureCNN`), uint8 image observations
-(B, C, H, W) go through a NatureCNN first (``features``), and the MLPs read its features: SB3's ``CnnPolicy``.
+With ``cnn`` (:func:`cnn_kwargs`), uint8 image observations (B, C, H, W) go through a NatureCNN first
+(``features``), and the MLPs read its features: SB3's ``CnnPolicy``; Dict/Tuple observations with images inside
+through a :class:`~scalebox_ms.models.cnn.CombinedFeatures` (a NatureCNN per image: SB3's ``MultiInputPolicy``).
 Each network has its own CNN, as SB3's SAC and TD3 (``share_features_extractor=False``): the actor's is trained
 by the actor loss, the critic's (one CNN under both Q-nets) by the critic loss, and targets copy theirs.
 
@@ -53,21 +54,21 @@ def _head(in_dim: int, out_dim: int, ortho: bool, gain: float = 1.0) -> nn.Dense
 
 
 def cnn_kwargs(spec, policy_cfg):
-    """The NatureCNN keyword arguments for image observations (``spec.image``: uint8 (C, H, W) frames, the
-    ``policy.cnn_*`` sizes), else None (an MLP on the flat observation)."""
-    if not spec.image:
+    """The feature extractor's arguments for image observations (``spec.cnn``: uint8 (C, H, W) frames, or images
+    inside a Dict/Tuple; the ``policy.cnn_*`` sizes), else None (an MLP on the flat observation)."""
+    if not spec.cnn:
         return None
-    return {"image_shape": spec.image_shape, "channels": tuple(policy_cfg.cnn_channels),
-            "features_dim": policy_cfg.cnn_features_dim, "ortho": policy_cfg.ortho_init}
+    return {"spec": spec, "channels": tuple(policy_cfg.cnn_channels), "features_dim": policy_cfg.cnn_features_dim,
+            "ortho": policy_cfg.ortho_init}
 
 
 def _features(obs_dim: int, cnn):
-    """(NatureCNN or None, the MLP input width): the image extractor of ``cnn`` (NatureCNN keyword arguments)."""
+    """(extractor or None, the MLP input width): a NatureCNN / CombinedFeatures per ``cnn`` (:func:`cnn_kwargs`)."""
     if cnn is None:
         return None, obs_dim
-    from .cnn import NatureCNN
+    from .cnn import build_features
 
-    features = NatureCNN(**cnn)
+    features = build_features(**cnn)
     return features, features.features_dim
 
 
@@ -77,8 +78,8 @@ def _encode(features, obs):
 
 
 class QNetwork(nn.Cell):
-    """obs (B, obs_dim) -> Q values (B, n_actions); with ``cnn`` (the keyword arguments of
-    :class:`~scalebox_ms.models.cnn.NatureCNN`) uint8 images (B, C, H, W) -> NatureCNN features -> the MLP
+    """obs (B, obs_dim) -> Q values (B, n_actions); with ``cnn`` (:func:`cnn_kwargs`) uint8 images (B, C, H, W)
+    (or a Dict/Tuple with images inside) -> NatureCNN features -> the MLP
     (SB3's DQN ``CnnPolicy``; ``features.*`` Parameters, ``q_net`` reads the features)."""
 
     def __init__(self, obs_dim: int, n_actions: int, layers, activation: str = "relu", ortho: bool = False,

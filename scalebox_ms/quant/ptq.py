@@ -33,7 +33,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..errors import ConfigError
-from ..models.cnn import conv2d_valid
+from ..models.cnn import CombinedFeatures, conv2d_valid, unpack_pixels
 
 LEVELS = ("L1", "L2")
 CALIBRATIONS = ("minmax", "percentile")
@@ -119,6 +119,25 @@ def _cnn_layers(cnn) -> list:
     layers = [ImageInput()] + [QuantConv(c.weight.asnumpy(), c.bias.asnumpy(), s, c.im2col)
                                for c, (_, s) in zip(convs, KERNELS)]
     return layers + [Flatten(), QuantDense(cnn.linear.weight.asnumpy(), cnn.linear.bias.asnumpy(), "relu")]
+
+
+class QuantCombinedFeatures(nn.Cell):
+    """A :class:`~scalebox_ms.models.cnn.CombinedFeatures` at L1: each image's NatureCNN as int8 layers
+    (:func:`_cnn_layers`) on its unpacked frame, the other columns as they are, concatenated in column order."""
+
+    def __init__(self, combined):
+        super().__init__()
+        self.segments, self.chws = combined.segments, combined.chws
+        self.stacks = nn.CellList([nn.SequentialCell(_cnn_layers(cnn)) for cnn in combined.cnns])
+
+    def construct(self, obs):
+        out = []
+        for start, end, i in self.segments:
+            if i < 0:
+                out.append(obs[:, start:end])
+            else:
+                out.append(self.stacks[i](unpack_pixels(obs[:, start:end], self.chws[i])))
+        return ops.concat(out, 1) if len(out) > 1 else out[0]
 
 
 class QuantizedPolicy(nn.Cell):
@@ -214,11 +233,14 @@ class DynamicQuantizer:
         if not layers:
             raise ConfigError(f"quantize: {type(model).__name__} has no policy Dense layers to quantize")
         if cnn is not None:  # L1: scales come from the weights; the image data only has to be there
+            combined = isinstance(cnn, CombinedFeatures)  # images inside a Dict/Tuple: packed in the flat vector
             data = np.asarray(calibration_data) if calibration_data is not None else np.zeros((0,))
-            if data.ndim != 4 or data.shape[0] == 0:
-                raise ConfigError(f"quantize: calibration data must be a non-empty (N, C, H, W) image batch, got "
+            if data.ndim != (2 if combined else 4) or data.shape[0] == 0:
+                raise ConfigError(f"quantize: calibration data must be a non-empty "
+                                  f"{'(N, obs_dim) array' if combined else '(N, C, H, W) image batch'}, got "
                                   f"shape {data.shape}")
-            qlayers = _cnn_layers(cnn) + [QuantDense(w, b, act) for w, b, act in layers]
+            qlayers = ([QuantCombinedFeatures(cnn)] if combined else _cnn_layers(cnn)) + [
+                QuantDense(w, b, act) for w, b, act in layers]
             info = {"level": "L1", "weights": "int8, symmetric, per output channel (convolutions and Dense)",
                     "activations": "float32", "calibrate_steps": self.calibrate_steps,
                     "calibration_samples": int(data.shape[0]), "input_scales": [None] * len(qlayers),

@@ -151,7 +151,7 @@ class DQNTrainer(OffPolicyTrainer):
         self._host_stale = True
 
     def _refusal(self, spec):
-        if spec.image and self.config.dqn.host_acting is True:
+        if spec.cnn and self.config.dqn.host_acting is True:
             return ("dqn.host_acting: true needs an MLP Q-network; image observations use a NatureCNN (set auto or "
                     "false)")
         return None

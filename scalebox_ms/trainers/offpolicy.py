@@ -78,7 +78,7 @@ class OffPolicyTrainer(Trainer):
         c = self._make_collector(cfg.env.num_envs, stream=2)
         spec = self.spec
         refusal = space_refusal(algo, spec, cfg.env.id) or self._refusal(spec)
-        if spec.image and self.amp is not None:
+        if spec.cnn and self.amp is not None:
             refusal = "amp.level: image observations (NatureCNN) train in float32 only for now"
         if refusal:  # (before the replay buffer is allocated)
             c.close()

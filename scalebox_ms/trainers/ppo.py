@@ -92,7 +92,7 @@ class PPOTrainer(Trainer):
 
             reducer = moments_reducer(self.dist)
         self._make_collector(n_local, rank=self.dist.rank, reducer=reducer)
-        if self.spec.image and (self.amp is not None or W > 1):
+        if self.spec.cnn and (self.amp is not None or W > 1):
             self.collector.close()
             raise ConfigError(f"{'amp.level' if self.amp is not None else 'parallel.workers'}: image observations "
                               "(NatureCNN) train in float32 in one process only for now")
@@ -121,7 +121,7 @@ class PPOTrainer(Trainer):
                                    self._values.restore, obs_dim=self.spec.obs_dim,
                                    hidden=list(config.policy.pi_layers) + list(config.policy.vf_layers) + (
                                        [] if self.model.features is None else  # the CNN's patches, activations
-                                       self.model.features.activation_sizes(self.spec.image_shape)),
+                                       self.model.features.activation_sizes()),
                                    memory_budget=self._memory_budget)
 
     # ------------------------------------------------------------------ the parts, as attributes users know
