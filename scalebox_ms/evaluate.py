@@ -12,7 +12,8 @@ from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, ru
 
 
 def build_parser():
-    p = OneLineArgumentParser(prog="python -m scalebox_ms.evaluate", description="Evaluate a trained PPO run.")
+    p = OneLineArgumentParser(prog="python -m scalebox_ms.evaluate",
+                              description="Evaluate a trained run (PPO, DQN, SAC, TD3) or an exported MindIR policy.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", help="run directory written by scalebox_ms.train")
     src.add_argument("--mindir", help="a policy exported by scalebox_ms.export (fp32 or INT8)")

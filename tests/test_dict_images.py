@@ -81,11 +81,17 @@ def test_frames_are_packed_exactly_and_unpacked_in_the_graph():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_mlp_features_still_flatten_images_and_nature_cnn_accepts_a_dict():
+def test_tuples_too_mlp_still_flattens_and_small_images_are_one_line_errors():
+    assert ObsEncoder(spaces.Tuple((SPACE["rgb"], spaces.Discrete(4)))).image_parts == ((0, 1600, (3, 40, 40)),)
     assert ObsEncoder(SPACE, features="mlp").obs_dim == 1369 + 4800 + 2 + 3
     assert ObsEncoder(SPACE, features="nature_cnn").image_parts
     with pytest.raises(ConfigError, match="policy.features: nature_cnn needs an image observation"):
         ObsEncoder(spaces.Dict({"speed": spaces.Box(-1, 1, (2,), np.float32)}), features="nature_cnn")
+    minigrid = spaces.Dict({"image": spaces.Box(0, 255, (7, 7, 3), np.uint8), "direction": spaces.Discrete(4)})
+    with pytest.raises(ConfigError, match=r"part image that is an image of 7x7 pixels; NatureCNN needs at least "
+                                          r"36x36 \(policy.features: mlp flattens it\)"):
+        ObsEncoder(minigrid, "MiniGrid-Empty-5x5-v0")
+    assert ObsEncoder(minigrid, features="mlp").obs_dim == 147 + 4
 
 
 def ppo_config(steps, **extra):

@@ -48,6 +48,7 @@ from ..errors import ConfigError, TrainingError, short_repr
 
 LEAF_KINDS = ("box", "discrete", "multidiscrete", "multibinary", "image")
 PIXELS_PER_COLUMN = 3  # uint8 pixels packed into one float32 column (exact: 3 * 8 bits <= float32's 24-bit mantissa)
+MIN_CNN_SIDE = 36  # NatureCNN's three valid convolutions need frames of at least 36 x 36 pixels
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,10 @@ class ObsEncoder:
             if path and self.features != "mlp" and is_image_space(space):  # a NatureCNN per image leaf
                 shape = tuple(int(s) for s in space.shape)
                 chw = (shape[2], shape[0], shape[1]) if int(np.argmin(shape)) != 0 else shape
+                if min(chw[1:]) < MIN_CNN_SIDE:
+                    raise ConfigError(f"{where} part {'.'.join(map(str, path))} that is an image of {chw[1]}x{chw[2]} "
+                                      f"pixels; NatureCNN needs at least {MIN_CNN_SIDE}x{MIN_CNN_SIDE} "
+                                      "(policy.features: mlp flattens it)")
                 pixels = int(np.prod(shape, dtype=np.int64))
                 self._add(path, "image", shape, -(-pixels // PIXELS_PER_COLUMN), chw=chw)
                 return

@@ -161,8 +161,13 @@ class CombinedFeatures(nn.Cell):
         return ops.concat(out, 1) if len(out) > 1 else out[0]
 
     def activation_sizes(self, image_shape=None) -> list:
-        """Floats per observation of each CNN layer's patches and outputs, then the concatenated features."""
-        return [n for cnn in self.cnns for n in cnn.activation_sizes()] + [self.features_dim]
+        """Floats per observation of each image's unpacking (the stacked pixels, the float frame), its CNN layers'
+        patches and outputs, then the concatenated features."""
+        sizes = []
+        for cnn in self.cnns:
+            c, h, w = cnn.image_shape
+            sizes += [c * h * w, c * h * w] + cnn.activation_sizes()
+        return sizes + [self.features_dim]
 
     def macs(self, image_shape=None) -> int:
         return sum(cnn.macs() for cnn in self.cnns)

@@ -120,8 +120,8 @@ class PPOTrainer(Trainer):
         self.runner = UpdateRunner(run_minibatches, p, self.collector, W, self.amp, self._values.snapshot,
                                    self._values.restore, obs_dim=self.spec.obs_dim,
                                    hidden=list(config.policy.pi_layers) + list(config.policy.vf_layers) + (
-                                       [] if self.model.features is None else  # the CNN's patches, activations
-                                       self.model.features.activation_sizes()),
+                                       [] if self.model.features is None else  # the CNNs' patches, activations
+                                       self.model.features.activation_sizes() * (1 if self.model.shared else 2)),
                                    memory_budget=self._memory_budget)
 
     # ------------------------------------------------------------------ the parts, as attributes users know

@@ -43,7 +43,7 @@ def _describe(model):
     spec = model.spec
     if getattr(model, "features", None) is not None or spec.action_kind not in ("discrete", "box"):
         raise CustomOpError(f"custom op {KERNEL!r}: implements MLPs on flat observations with Discrete or Box "
-                            f"actions, not this model ({spec.action_kind} actions, image: {spec.image})")
+                            f"actions, not this model ({spec.action_kind} actions, image: {spec.cnn})")
     if pi[0].in_features != spec.obs_dim or vf[0].in_features != spec.obs_dim or pi[-1].out_features != spec.action_dim \
             or vf[-1].out_features != 1:
         raise CustomOpError(f"custom op {KERNEL!r}: MLP sizes do not match the spaces (obs {spec.obs_dim}, "
