@@ -198,8 +198,13 @@ def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool):
     args = (["--run", str(run_dir), "--episodes", "1000000"] if tool == "evaluate" else
             ["--run", str(run_dir), "--int8", "--quant-level", "L2", "--calibrate-steps", "100000000"])
     env = dict(os.environ, PYTHONPATH=REPO)
+
+    def as_from_a_terminal():  # a child inherits an ignored SIGINT (POSIX: SIG_IGN survives exec), and a
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # process started ignoring it rightly ignores Ctrl-C; an
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # earlier test may have left pytest so
+
     proc = subprocess.Popen([sys.executable, "-m", f"scalebox_ms.{tool}", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
     try:
         time.sleep(20)  # imports, trainer, checkpoint: then it steps envs through graph calls for minutes
         assert proc.poll() is None, proc.communicate()[1][-2000:]
