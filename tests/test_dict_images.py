@@ -172,6 +172,7 @@ def test_ppo_learns_from_an_image_and_a_vector_and_exports(tmp_path):
         tr.close()
 
 
+@pytest.mark.slow  # ~36 s on 2 cores, mostly compiling three CNN graphs: out of the default suite's budget
 def test_sac_learns_from_an_image_and_a_vector_and_resumes(tmp_path):
     """Off-policy: the replay rows are the packed columns (4/3 of the uint8 frame's bytes, not 4x); SAC's actor and
     critic each get a CombinedFeatures; a checkpoint round-trips."""
