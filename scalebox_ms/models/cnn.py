@@ -135,15 +135,18 @@ class CombinedFeatures(nn.Cell):
     ``features_dim`` per image (SB3's default there is 256, ``cnn_output_dim``)."""
 
     def __init__(self, obs_dim: int, image_parts, channels=(32, 64, 64), features_dim: int = 512,
-                 ortho: bool = True, im2col=None):
+                 ortho: bool = True, im2col=None, extractors=None):
         super().__init__()
+        # (extractors: cells to use instead of new NatureCNNs, one per image part: INT8 export's quantized ones)
+        self.obs_dim, self.image_parts = int(obs_dim), tuple(image_parts)
         segments, cnns, chws, col = [], [], [], 0  # segments: (start, end, CNN index or -1 for plain columns)
         for offset, width, chw in sorted(image_parts):
             if offset > col:
                 segments.append((col, offset, -1))
             segments.append((offset, offset + width, len(cnns)))
             chws.append(tuple(int(x) for x in chw))
-            cnns.append(NatureCNN(chw, channels, features_dim, ortho, im2col))
+            cnns.append(NatureCNN(chw, channels, features_dim, ortho, im2col) if extractors is None
+                        else extractors[len(cnns)])
             col = offset + width
         if col < obs_dim:
             segments.append((col, int(obs_dim), -1))

@@ -33,7 +33,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ..errors import ConfigError
-from ..models.cnn import CombinedFeatures, conv2d_valid, unpack_pixels
+from ..models.cnn import CombinedFeatures, conv2d_valid
 
 LEVELS = ("L1", "L2")
 CALIBRATIONS = ("minmax", "percentile")
@@ -121,23 +121,13 @@ def _cnn_layers(cnn) -> list:
     return layers + [Flatten(), QuantDense(cnn.linear.weight.asnumpy(), cnn.linear.bias.asnumpy(), "relu")]
 
 
-class QuantCombinedFeatures(nn.Cell):
-    """A :class:`~scalebox_ms.models.cnn.CombinedFeatures` at L1: each image's NatureCNN as int8 layers
-    (:func:`_cnn_layers`) on its unpacked frame, the other columns as they are, concatenated in column order."""
+class QuantCombinedFeatures(CombinedFeatures):
+    """A :class:`~scalebox_ms.models.cnn.CombinedFeatures` at L1: the same column layout, each image's NatureCNN
+    replaced by its int8 layers (:func:`_cnn_layers`)."""
 
     def __init__(self, combined):
-        super().__init__()
-        self.segments, self.chws = combined.segments, combined.chws
-        self.stacks = nn.CellList([nn.SequentialCell(_cnn_layers(cnn)) for cnn in combined.cnns])
-
-    def construct(self, obs):
-        out = []
-        for start, end, i in self.segments:
-            if i < 0:
-                out.append(obs[:, start:end])
-            else:
-                out.append(self.stacks[i](unpack_pixels(obs[:, start:end], self.chws[i])))
-        return ops.concat(out, 1) if len(out) > 1 else out[0]
+        super().__init__(combined.obs_dim, combined.image_parts,
+                         extractors=[nn.SequentialCell(_cnn_layers(cnn)) for cnn in combined.cnns])
 
 
 class QuantizedPolicy(nn.Cell):
