@@ -1,4 +1,5 @@
-"""CartPole variants that crash, hang or blow their memory at a given step (for isolation tests).
+"""CartPole variants that crash, hang or blow their memory at a given step (for isolation tests), or tell a test
+that a process is stepping its env (``Marking``: creates the file named by ``$FAULTY_ENVS_MARK``, if set).
 
 Used as env ids ``faulty_envs:CrashingCartPole-v0`` etc.: gymnasium imports this module (registering the
 envs) in each worker process. The fault fires once per process, at step ``at`` of the process's life; with
@@ -46,10 +47,13 @@ class FaultyCartPole(CartPoleEnv):
                 blob[0] = 1
             if self.fault == "raise":
                 raise ValueError("env bug")
+            if self.fault == "mark" and os.environ.get("FAULTY_ENVS_MARK"):
+                open(os.environ["FAULTY_ENVS_MARK"], "w").close()
         return super().step(action)
 
 
-for name, fault in [("Crashing", "crash"), ("Hanging", "hang"), ("MemoryHog", "memory"), ("Raising", "raise")]:
+for name, fault in [("Crashing", "crash"), ("Hanging", "hang"), ("MemoryHog", "memory"), ("Raising", "raise"),
+                    ("Marking", "mark")]:
     gym.register(f"{name}CartPole-v0", entry_point=FaultyCartPole, kwargs={"fault": fault, "at": 5},
                  max_episode_steps=500)
 gym.register("ResetCrashingCartPole-v0", entry_point=ResetCrashingCartPole, max_episode_steps=500)

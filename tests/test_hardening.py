@@ -180,7 +180,7 @@ def test_a_run_whose_evaluation_gives_up_still_completes_with_a_summary(tmp_path
 
 @pytest.mark.integration
 @pytest.mark.parametrize("tool", ["evaluate", "export"])
-def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool):
+def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool, monkeypatch):
     """MindSpore 2.10 turns SIGINT into SIGTERM while a graph runs; evaluate/export route Ctrl-C around it as
     train does: 'interrupted', exit 130, instead of being killed."""
     import os
@@ -191,13 +191,17 @@ def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool):
 
     from conftest import REPO
 
+    tests = os.path.dirname(os.path.abspath(__file__))  # faulty_envs: a CartPole that marks its 5th step
+    monkeypatch.setenv("PYTHONPATH", tests + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run_dir = tmp_path / "run"
     r = run_module("train", "--total-steps", 64, "--run-dir", run_dir, "--no-progress", "--set", "env.num_envs=4",
-                   "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32", "--set", "run.eval_episodes=0")
+                   "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32", "--set", "run.eval_episodes=0",
+                   "--set", "env.id=faulty_envs:MarkingCartPole-v0")
     assert r.returncode == 0, r.stderr
     args = (["--run", str(run_dir), "--episodes", "1000000"] if tool == "evaluate" else
             ["--run", str(run_dir), "--int8", "--quant-level", "L2", "--calibrate-steps", "100000000"])
-    env = dict(os.environ, PYTHONPATH=REPO)
+    mark = tmp_path / "stepping"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + tests, FAULTY_ENVS_MARK=str(mark))
 
     def as_from_a_terminal():  # a child inherits an ignored SIGINT (POSIX: SIG_IGN survives exec), and a
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # process started ignoring it rightly ignores Ctrl-C; an
@@ -206,8 +210,12 @@ def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool):
     proc = subprocess.Popen([sys.executable, "-m", f"scalebox_ms.{tool}", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
     try:
-        time.sleep(20)  # imports, trainer, checkpoint: then it steps envs through graph calls for minutes
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        deadline = time.time() + 120  # imports, trainer, checkpoint: then it steps envs through graph calls
+        while not mark.exists() and time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        assert mark.exists(), "the tool never stepped its env"
+        time.sleep(1.0)  # well inside the loop of graph calls
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:

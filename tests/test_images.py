@@ -208,7 +208,7 @@ def test_dqn_learns_from_pixels_with_a_uint8_replay_buffer(caplog, tmp_path):
         tr.close()
 
 
-def continuous_image_config(algo, steps=1500, **section):
+def continuous_image_config(algo, steps=1000, **section):  # (one iteration of 1,000 env steps)
     return Config.from_dict({
         "algo": algo, "env": {"id": "BrightSideBox-v0", "num_envs": 1},
         "policy": {"pi_layers": [64], "vf_layers": [64], "cnn_channels": [8, 16, 16], "cnn_features_dim": 64},

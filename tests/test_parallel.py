@@ -1,9 +1,11 @@
 """Data parallelism (msrun + MCCL on this CPU), gradient accumulation and the pipeline refusal."""
 import json
+import glob
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import mindspore as ms
@@ -299,8 +301,62 @@ def test_a_killed_worker_ends_the_job_with_its_rank(tmp_path):
     assert proc.returncode != 0
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and f"rank 1 (pid {pid})" in last, last
+    assert "the launcher stopped the other workers" in last, last  # seen by its pid watch, not msrun's heartbeat
     assert waited < 120
     assert out == ""  # no summary
+    leftovers = []  # msrun's scheduler and rank 0 (each in its own session) are gone too
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as f:
+                if run_dir.encode() in f.read():
+                    leftovers.append(cmdline)
+        except OSError:
+            continue
+    assert leftovers == []
+
+
+def test_stopping_the_job_leaves_no_process_of_its_own_sessions_behind(tmp_path):
+    """Ctrl-C of ``--workers`` and a dead worker both go through ``_stop_job``: msrun gets its SIGINT, and children
+    that outlive it (msrun starts each worker and its scheduler in a session of its own, where a signal to msrun's
+    group does not reach) are killed; here a stand-in msrun that dies on SIGINT without stopping its children."""
+    from scalebox_ms.parallel.launcher import _alive, _stop_job
+
+    fake_msrun = tmp_path / "fake_msrun.py"
+    fake_msrun.write_text(textwrap.dedent("""
+        import subprocess, sys, time
+        kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+                for _ in range(2)]
+        print(" ".join(str(k.pid) for k in kids), flush=True)
+        time.sleep(120)
+    """))
+    proc = subprocess.Popen([sys.executable, str(fake_msrun)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    kids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(kids) == 2 and all(_alive(k) for k in kids)
+    _stop_job(proc, grace=5.0)
+    assert proc.poll() is not None
+    deadline = time.time() + 10
+    while any(_alive(k) for k in kids) and time.time() < deadline:
+        time.sleep(0.1)  # (orphans are reaped by init)
+    assert not any(_alive(k) for k in kids)
+
+
+def test_dead_workers_are_gone_pids_without_their_exit_marker(tmp_path):
+    from scalebox_ms.parallel.launcher import dead_workers
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # (reaped: the pid no longer exists)
+    (tmp_path / "rank_0.pid").write_text(str(os.getpid()))  # alive
+    assert dead_workers(str(tmp_path)) == []
+    (tmp_path / "rank_11.pid").write_text(str(gone.pid))
+    assert dead_workers(str(tmp_path)) == [gone.pid]
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    time.sleep(1.0)  # exited, not reaped yet: a zombie counts as gone
+    (tmp_path / "rank_2.pid").write_text(str(zombie.pid))
+    assert dead_workers(str(tmp_path)) == [zombie.pid, gone.pid]  # rank order (2 before 11)
+    (tmp_path / "rank_11.exit").write_text("")  # it exited through Python: msrun reports it as before
+    assert dead_workers(str(tmp_path)) == [zombie.pid]
+    zombie.wait()
 
 
 @pytest.mark.integration

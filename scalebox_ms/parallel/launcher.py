@@ -11,8 +11,10 @@ The launcher (this process) never imports MindSpore. It
    with exit code 2. A fresh run that failed before its first checkpoint leaves no run directory behind.
 
 ``timeout`` (``parallel.timeout``) bounds msrun's cluster building. A worker killed mid-collective does not hang
-the job: msrun notices the dead process and terminates the rest (measured here: ~30 s from the kill to the exit).
-A worker that hangs without dying is not detected.
+the job: the launcher watches the workers' pids, and a worker gone without passing through Python's exit (killed,
+a segfault, ``os._exit``: no ``rank_<r>.exit`` marker, which each worker writes at its interpreter's exit) stops the
+job within about a second; msrun alone would wait for its scheduler's heartbeat timeout (measured here: ~30 s from
+the kill to the exit). A worker that hangs without dying is not detected.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import List, Optional
 
@@ -50,13 +53,103 @@ def msrun_executable() -> str:
 
 
 def write_rank_pid(run_dir: str, rank: int) -> None:
-    """Called by each worker: lets the launcher map a dead process to its rank."""
+    """Called by each worker: lets the launcher map a dead process to its rank, and tell a worker that exited
+    through Python (``rank_<r>.exit``, written at interpreter exit: success or a reported error) from one that
+    died."""
+    import atexit
+
     d = os.path.join(run_dir, RANK_PID_DIR)
     os.makedirs(d, exist_ok=True)
+    pid = os.getpid()
     tmp = os.path.join(d, f".rank_{rank}.pid.tmp")
     with open(tmp, "w") as f:
-        f.write(str(os.getpid()))
+        f.write(str(pid))
     os.replace(tmp, os.path.join(d, f"rank_{rank}.pid"))
+
+    def exited():
+        if os.getpid() == pid:  # (not in a forked child that inherited the handler)
+            try:
+                open(os.path.join(d, f"rank_{rank}.exit"), "w").close()
+            except OSError:
+                pass
+
+    atexit.register(exited)
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a dead worker msrun has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):  # no /proc: signal 0 tells existence only
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+def dead_workers(log_dir: str) -> List[int]:
+    """The pids of the workers that are gone without their exit marker, in rank order."""
+    dead = []
+    for path in glob.glob(os.path.join(log_dir, "rank_*.pid")):
+        try:
+            rank = int(re.search(r"rank_(\d+)\.pid$", path).group(1))
+            with open(path) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not _alive(pid) and not os.path.exists(path[:-len(".pid")] + ".exit"):
+            dead.append((rank, pid))
+    return [pid for _, pid in sorted(dead)]
+
+
+def _children(pid: int) -> List[int]:
+    """The pids whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
+    found = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(stat.split("/")[2]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _stop_job(proc, grace: float = 10.0) -> None:
+    """msrun's own Ctrl-C path (SIGINT: it SIGKILLs its workers' process groups and its scheduler), then SIGKILL
+    for whatever of msrun and its children (each in its own session) still runs after ``grace`` seconds."""
+    children = _children(proc.pid)
+    try:
+        proc.send_signal(2)
+    except ProcessLookupError:
+        pass
+    deadline = time.time() + grace
+    while proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    for pid in [proc.pid] + children:
+        if _alive(pid):
+            try:
+                os.killpg(os.getpgid(pid), 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _watch(proc, log_dir: str, found: list, interval: float = 0.2) -> None:
+    """Until msrun ends: a worker that died (:func:`dead_workers`) ends the job now; msrun alone would wait for its
+    scheduler's heartbeat timeout (~30 s)."""
+    while proc.poll() is None:
+        pids = dead_workers(log_dir)
+        if pids:
+            found.extend(pids)
+            _stop_job(proc)
+            return
+        time.sleep(interval)
 
 
 def _rank_of_pid(run_dir: str, pid: int) -> Optional[int]:
@@ -90,7 +183,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     log_dir = os.path.join(run_dir, RANK_PID_DIR)
     created = fresh and not os.path.exists(run_dir)
     os.makedirs(log_dir, exist_ok=True)
-    for pattern in ("rank_*.pid", "worker_*.log", "scheduler.log"):  # a previous launch's (resume): not this job's
+    # a previous launch's files (resume): not this job's
+    for pattern in ("rank_*.pid", "rank_*.exit", "worker_*.log", "scheduler.log"):
         for stale in glob.glob(os.path.join(log_dir, pattern)):
             os.unlink(stale)
     port = free_port()
@@ -108,6 +202,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
                             errors="replace", start_new_session=True)
     dead_pid = None
+    died: list = []  # (filled by the watcher thread)
+    threading.Thread(target=_watch, args=(proc, log_dir, died), daemon=True).start()
     try:
         for line in proc.stdout:
             m = re.search(r"Worker process (\d+) exit with exception", line)
@@ -118,18 +214,19 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
             stream.write(line)
         rc = proc.wait()
     except KeyboardInterrupt:
-        os.killpg(proc.pid, 15)
-        proc.wait()
+        _stop_job(proc)  # msrun's workers and scheduler run in sessions of their own: stop them all
         raise
-    if rc == 0:
+    if rc == 0 and not died:
         return 0
     message = _worker_error(run_dir)
     code = 2 if message else 1
     if message is None:
-        rank = _rank_of_pid(run_dir, dead_pid) if dead_pid is not None else None
-        who = f"rank {rank} (pid {dead_pid})" if rank is not None else (
-            f"pid {dead_pid}" if dead_pid is not None else "a worker")
-        message = (f"data-parallel job failed after {time.time() - t0:.0f} s: {who} exited abnormally, msrun "
+        # msrun's report names the first it saw (it then kills the others); else every worker found dead
+        pids = [dead_pid] if dead_pid is not None else died
+        who = " and ".join(f"rank {r} (pid {p})" if r is not None else f"pid {p}"
+                           for p, r in ((p, _rank_of_pid(run_dir, p)) for p in pids)) or "a worker"
+        stopper = "the launcher" if died else "msrun"
+        message = (f"data-parallel job failed after {time.time() - t0:.0f} s: {who} exited abnormally, {stopper} "
                    f"stopped the other workers (logs: {log_dir})")
     ckpts = glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.json"))
     if created and not ckpts:
