@@ -17,7 +17,8 @@ extend or shorten the run: the linear schedules follow the new horizon) and the 
 ``run.progress``, ``run.checkpoint_every``, ``run.keep_checkpoints``, ``run.eval_episodes`` may be edited.
 
 Ctrl-C (SIGINT) or SIGTERM stops at the end of the current iteration with a checkpoint and summary.json
-(``"status": "interrupted"``), exit code 130 or 143; a second one aborts at once.
+(``"status": "interrupted"``), exit code 130 or 143; a second one aborts at once. With ``--workers`` the launcher
+stops the whole msrun job at once instead (no summary; ``--resume`` continues from the latest checkpoint).
 """
 from __future__ import annotations
 

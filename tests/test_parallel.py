@@ -275,20 +275,39 @@ def test_resume_with_another_world_size_is_refused(dp_run):
         _check_world_size(list_checkpoints(os.path.join(run_dir, "checkpoints"))[-1], 1)
 
 
-@pytest.mark.integration
-def test_a_killed_worker_ends_the_job_with_its_rank(tmp_path):
+def _start_job(tmp_path):
+    """A 2-worker run started as from a terminal, once it has written two metrics rows: (process, run_dir)."""
     run_dir = str(tmp_path / "run")
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen([sys.executable, "-m", "scalebox_ms.train", "--workers", "2", "--total-steps", "10000000",
                              "--run-dir", run_dir, *DP_ARGS], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = os.path.join(run_dir, "metrics.csv")
+    deadline = time.time() + 240
+    while time.time() < deadline and not (os.path.exists(metrics) and len(_rows(metrics)) >= 2):
+        if proc.poll() is not None:
+            pytest.fail(proc.communicate()[1][-2000:])
+        time.sleep(0.5)
+    return proc, run_dir
+
+
+def _processes_of(run_dir):
+    found = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as f:
+                if run_dir.encode() in f.read():
+                    found.append(cmdline)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.integration
+def test_a_killed_worker_ends_the_job_with_its_rank(tmp_path):
+    proc, run_dir = _start_job(tmp_path)
     try:
-        metrics = os.path.join(run_dir, "metrics.csv")
-        deadline = time.time() + 240
-        while time.time() < deadline and not (os.path.exists(metrics) and len(_rows(metrics)) >= 2):
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            time.sleep(0.5)
         with open(os.path.join(run_dir, "msrun", "rank_1.pid")) as f:
             pid = int(f.read())
         os.kill(pid, signal.SIGKILL)
@@ -304,15 +323,26 @@ def test_a_killed_worker_ends_the_job_with_its_rank(tmp_path):
     assert "the launcher stopped the other workers" in last, last  # seen by its pid watch, not msrun's heartbeat
     assert waited < 120
     assert out == ""  # no summary
-    leftovers = []  # msrun's scheduler and rank 0 (each in its own session) are gone too
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as f:
-                if run_dir.encode() in f.read():
-                    leftovers.append(cmdline)
-        except OSError:
-            continue
-    assert leftovers == []
+    assert _processes_of(run_dir) == []  # msrun's scheduler and rank 0 (each in its own session) are gone too
+
+
+@pytest.mark.integration
+def test_sigterm_to_the_launcher_stops_the_whole_job_and_leaves_it_resumable(tmp_path):
+    """SIGTERM (a job scheduler, `kill`) used to kill the launcher alone, leaving msrun and its ranks training
+    with the run's lock released; now it stops them as Ctrl-C does and exits 143."""
+    from scalebox_ms.trainers.checkpoint import list_checkpoints
+
+    proc, run_dir = _start_job(tmp_path)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted" and out == ""
+    assert _processes_of(run_dir) == []
+    assert list_checkpoints(os.path.join(run_dir, "checkpoints"))  # --resume has a checkpoint to continue from
 
 
 def test_stopping_the_job_leaves_no_process_of_its_own_sessions_behind(tmp_path):

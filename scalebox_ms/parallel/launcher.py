@@ -22,6 +22,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -177,6 +178,16 @@ def _worker_error(run_dir: str) -> Optional[str]:
     return None
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the launcher: the job is stopped as for Ctrl-C; the CLI exits 128 + 15."""
+
+    signum = int(signal.SIGTERM)
+
+
+def _terminated(signum, frame):
+    raise Terminated("SIGTERM")
+
+
 def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, timeout: float,
            stream=sys.stderr) -> int:
     """Run ``python -m scalebox_ms.train <worker_args>`` as ``workers`` msrun ranks; returns the exit code."""
@@ -204,6 +215,9 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     dead_pid = None
     died: list = []  # (filled by the watcher thread)
     threading.Thread(target=_watch, args=(proc, log_dir, died), daemon=True).start()
+    main = threading.current_thread() is threading.main_thread()
+    old_int = signal.getsignal(signal.SIGINT) if main else None
+    old_term = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:
         for line in proc.stdout:
             m = re.search(r"Worker process (\d+) exit with exception", line)
@@ -213,9 +227,16 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
                 continue
             stream.write(line)
         rc = proc.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (_terminated): stop the whole job, then exit 130 / 143
+        if main:  # (a second signal must not cut the clean-up short)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _stop_job(proc)  # msrun's workers and scheduler run in sessions of their own: stop them all
         raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, old_int)
     if rc == 0 and not died:
         return 0
     message = _worker_error(run_dir)
