@@ -16,12 +16,30 @@ from ..errors import ConfigError, short_repr
 from .spaces import SpaceSpec
 
 
+# An evaluation episode of an env registered without a step limit (CliffWalking-v1, a user's env) ends here: a
+# deterministic policy that never reaches a terminal state would otherwise never finish its evaluation.
+# env.kwargs.max_episode_steps sets a limit of the user's choice (for training too).
+EVAL_MAX_EPISODE_STEPS = 10_000
+_capped = set()
+
+
+def _log_eval_cap(env_id: str) -> None:
+    if env_id not in _capped:
+        _capped.add(env_id)
+        import logging
+
+        logging.getLogger("scalebox_ms").warning(
+            "%s has no episode step limit of its own: evaluation episodes are cut (truncated) at %d steps "
+            "(set env.kwargs.max_episode_steps to choose one)", env_id, EVAL_MAX_EPISODE_STEPS)
+
+
 def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none", step_timeout: float = 10.0,
                  worker_memory_limit: Optional[int] = None, backend: str = "gymnasium", preprocess: str = "none",
                  evaluation: bool = False):
     """A NEXT_STEP vector env; ``isolation`` 'process'/'strict' puts each sub-env in its own worker process;
     ``backend='native'`` gives the MindSpore implementation (:mod:`scalebox_ms.envs.native`); ``preprocess``
-    is ``env.preprocess`` (:mod:`.atari`; ``evaluation``: the evaluation variant, whole games, raw rewards)."""
+    is ``env.preprocess`` (:mod:`.atari`; ``evaluation``: the evaluation variant, whole games, raw rewards; an env
+    without a step limit of its own gets one of ``EVAL_MAX_EPISODE_STEPS``)."""
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
@@ -56,6 +74,10 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: unknown environment {short_repr(env_id)} ({_first_line(exc)})") from None
+    if evaluation and spec.max_episode_steps is None and "max_episode_steps" not in kwargs \
+            and not atari.is_atari(env_id):  # (ALE cuts its games itself: max_num_frames_per_episode)
+        kwargs["max_episode_steps"] = EVAL_MAX_EPISODE_STEPS
+        _log_eval_cap(env_id)
     try:
         if isolation in ("process", "strict"):
             from .isolated import IsolatedVectorEnv, WorkerFailure
