@@ -147,20 +147,23 @@ def test_evaluate_policy_counts_episodes(small_cfg):
     tr.close()
 
 
-def test_evaluation_episodes_of_an_env_without_a_step_limit_end(caplog):
+def test_evaluation_episodes_of_an_env_without_a_step_limit_end(caplog, monkeypatch):
     """CliffWalking-v1 is registered without a TimeLimit and stepping into the cliff only sends the agent back:
     a policy that never reaches the goal would keep an evaluation running forever. Evaluation envs without a
-    limit of their own are cut at EVAL_MAX_EPISODE_STEPS (logged); env.kwargs.max_episode_steps chooses one;
+    limit of their own are cut at EVAL_MAX_EPISODE_STEPS (logged once); env.kwargs.max_episode_steps chooses one;
     an env's own limit is left alone."""
     import logging
 
+    from scalebox_ms.envs import factory
     from scalebox_ms.envs.factory import EVAL_MAX_EPISODE_STEPS
     from scalebox_ms.trainers.evaluation import run_episodes
+
+    monkeypatch.setattr(factory, "_capped", set())  # (logged once per env id and process)
 
     def up(obs):
         return np.zeros(len(obs), np.int64)  # walks into the top wall: -1 per step, never the goal
 
-    with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+    with caplog.at_level(logging.INFO, logger="scalebox_ms"):
         returns = run_episodes("CliffWalking-v1", None, up, episodes=2)
     assert returns == [-float(EVAL_MAX_EPISODE_STEPS)] * 2
     assert "no episode step limit" in caplog.text and "env.kwargs.max_episode_steps" in caplog.text

@@ -28,7 +28,7 @@ def _log_eval_cap(env_id: str) -> None:
         _capped.add(env_id)
         import logging
 
-        logging.getLogger("scalebox_ms").warning(
+        logging.getLogger("scalebox_ms").info(
             "%s has no episode step limit of its own: evaluation episodes are cut (truncated) at %d steps "
             "(set env.kwargs.max_episode_steps to choose one)", env_id, EVAL_MAX_EPISODE_STEPS)
 
