@@ -230,7 +230,8 @@ class Config:
         return cfg
 
     def with_overrides(self, overrides: List[str]) -> "Config":
-        """Apply ``section.key=value`` strings (values parsed as YAML) and ``algo=name``; returns a new Config.
+        """Apply ``section.key=value`` strings (values parsed as YAML), ``section.key.name=value`` for one entry of
+        a mapping (``env.kwargs.is_slippery=false``) and ``algo=name``; returns a new Config.
 
         ``algo=name`` switches the algorithm: the old algorithm's section goes, and policy settings that were at
         the old algorithm's defaults take the new one's."""
@@ -240,8 +241,9 @@ class Config:
                 raise ConfigError(f"--set {short_repr(item)}: expected section.key=value")
             path, raw = item.split("=", 1)
             parts = path.strip().split(".")
-            if parts != ["algo"] and (len(parts) != 2 or not all(parts)):
-                raise ConfigError(f"--set {short_repr(item)}: key must be section.key, e.g. ppo.n_steps=64")
+            if parts != ["algo"] and (len(parts) not in (2, 3) or not all(parts)):
+                raise ConfigError(f"--set {short_repr(item)}: key must be section.key, e.g. ppo.n_steps=64 (or "
+                                  f"section.key.name for a mapping, e.g. env.kwargs.is_slippery=false)")
             try:
                 value = load_yaml(raw, f"--set {path.strip()}", lines=False)
             except yaml.YAMLError as exc:
@@ -250,12 +252,17 @@ class Config:
             if parts == ["algo"]:
                 _switch_algo(data, value)
                 continue
-            section, key = parts
+            section, key, *name = parts
             if section not in data and section in ALGOS:
                 raise ConfigError(f"--set {path.strip()}: a key of algo {section}, but this config trains algo "
                                   f"{data['algo']} (add --set algo={section} before it)")
             if section not in data or section == "algo":
                 raise ConfigError(unknown_key("config", section, [k for k in data if k != "algo"]))
+            if name and key in data[section]:  # one entry of a mapping-valued key (env.kwargs)
+                if not isinstance(data[section][key], dict):
+                    raise ConfigError(f"--set {path.strip()}: {section}.{key} is not a mapping (only a mapping such "
+                                      f"as env.kwargs takes a third part); use --set {section}.{key}=VALUE")
+                value = {**data[section][key], name[0]: value}
             data[section][key] = value
         return Config.from_dict(data)
 

@@ -58,9 +58,19 @@ def test_overrides_parse_yaml_values():
     assert cfg.ppo.clip_range_vf is None and cfg.env.normalize_obs is True
 
 
+def test_overrides_set_one_entry_of_a_mapping():
+    cfg = Config.from_dict({"env": {"id": "FrozenLake-v1", "kwargs": {"map_name": "8x8"}}}).with_overrides(
+        ["env.kwargs.is_slippery=false", "env.kwargs.map_name=4x4"])
+    assert cfg.env.kwargs == {"map_name": "4x4", "is_slippery": False}
+    assert Config().with_overrides(["env.kwargs={a: 1}", "env.kwargs.b=2"]).env.kwargs == {"a": 1, "b": 2}
+
+
 @pytest.mark.parametrize("override, culprit", [
     ("ppo.n_epochs", "expected section.key=value"),
     ("n_epochs=3", "key must be section.key"),
+    ("env.kwargs.a.b=1", "key must be section.key"),
+    ("ppo.n_epochs.x=1", "ppo.n_epochs is not a mapping"),
+    ("ppo.bogus.x=1", "ppo: unknown key 'bogus'"),
     ("ppo.bogus=1", "ppo: unknown key 'bogus'"),
     ("ppo.n_epochs=[1", "ppo.n_epochs: value '[1' is not valid YAML"),
 ])
