@@ -46,12 +46,12 @@ def main(argv=None) -> int:
 
         from .config import load_config
         from .trainers import make_trainer
-        from .trainers.checkpoint import resolve_checkpoint
+        from .trainers.checkpoint import load_into
         from .trainers.evaluation import evaluate_policy
 
         cfg = load_config(os.path.join(args.run, "config.yaml"))
-        ckpt = resolve_checkpoint(args.checkpoint or os.path.join(args.run, "checkpoints"))
-        trainer = make_trainer(cfg).load(ckpt)
+        trainer = make_trainer(cfg)
+        ckpt = load_into(trainer, args.checkpoint, args.run)  # (the latest, also while a train still writes the run)
         rets = evaluate_policy(trainer, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)
         trainer.close()
         result = {**return_stats(rets), "checkpoint": ckpt, "global_step": trainer.global_step,

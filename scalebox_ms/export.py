@@ -289,11 +289,11 @@ def main(argv=None) -> int:
             raise ConfigError(f"--output {output}: must end with .mindir")
         from .config import load_config
         from .trainers import make_trainer
-        from .trainers.checkpoint import resolve_checkpoint
+        from .trainers.checkpoint import load_into
 
         cfg = load_config(os.path.join(args.run, "config.yaml"))
-        ckpt = resolve_checkpoint(args.checkpoint or os.path.join(args.run, "checkpoints"))
-        trainer = make_trainer(cfg).load(ckpt)
+        trainer = make_trainer(cfg)
+        ckpt = load_into(trainer, args.checkpoint, args.run)  # (the latest, also while a train still writes the run)
         sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=args.calibrate_steps,
                                 activation_calibration=calib, percentile=args.percentile, source=ckpt)
         trainer.close()

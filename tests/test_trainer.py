@@ -1,5 +1,7 @@
 """PPOTrainer as a library: learning loop, predict, checkpoints, early stop, continuous actions."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -218,3 +220,42 @@ def test_eval_callback_evaluates_on_schedule_and_stops_at_the_threshold():
     assert trainer.global_step == 64 and stop.solved == stop.history[0] and stop.solved["mean"] >= 1
     with pytest.raises(ValueError, match="every_steps"):
         EvalCallback(every_steps=0)
+
+
+def test_loading_the_latest_checkpoint_of_a_run_still_being_pruned(tmp_path):
+    """evaluate/export read a run's latest checkpoint; a train still writing the run may prune it (sidecar first)
+    between picking and reading it: the new latest is loaded instead. A checkpoint that is still there but fails
+    to load (corrupt) is an error at once."""
+    from scalebox_ms.trainers.checkpoint import load_into
+
+    ckdir = tmp_path / "checkpoints"
+    ckdir.mkdir()
+    (ckdir / "ckpt_000000000100.json").write_text("{}")
+
+    class Pruned:  # trainer.load, while the run's trainer writes step 200 and prunes step 100
+        calls = []
+
+        def load(self, prefix):
+            self.calls.append(os.path.basename(prefix))
+            if prefix.endswith("100"):
+                (ckdir / "ckpt_000000000200.json").write_text("{}")
+                os.unlink(prefix + ".json")
+                raise CheckpointError(f"checkpoint not found: {prefix}.json")
+            return self
+
+    tr = Pruned()
+    assert load_into(tr, None, str(tmp_path)).endswith("ckpt_000000000200")
+    assert tr.calls == ["ckpt_000000000100", "ckpt_000000000200"]
+
+    class Corrupt:
+        calls = 0
+
+        def load(self, prefix):
+            Corrupt.calls += 1
+            raise CheckpointError(f"{prefix}.json was edited or is corrupt")
+
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_into(Corrupt(), None, str(tmp_path))
+    assert Corrupt.calls == 1
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        load_into(Corrupt(), str(tmp_path / "checkpoints" / "ckpt_000000000300"), str(tmp_path))

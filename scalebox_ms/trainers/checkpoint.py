@@ -127,6 +127,27 @@ def resolve_checkpoint(path: str) -> str:
     return path
 
 
+def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 5) -> str:
+    """``trainer.load`` of ``checkpoint``, or else of ``run_dir``'s latest checkpoint; returns its prefix.
+
+    A run still being trained prunes old checkpoints (``run.keep_checkpoints``, sidecar first): the latest one
+    picked here may be gone before it is read. Such a vanished checkpoint is replaced by the new latest (up to
+    ``attempts`` times); any other failure (corrupt, mismatched) is raised as it is."""
+    if checkpoint:
+        prefix = resolve_checkpoint(checkpoint)
+        trainer.load(prefix)
+        return prefix
+    for attempt in range(attempts):
+        prefix = resolve_checkpoint(os.path.join(run_dir, "checkpoints"))
+        try:
+            trainer.load(prefix)
+            return prefix
+        except Exception:
+            if os.path.exists(prefix + ".json") or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def list_checkpoints(directory: str) -> List[str]:
     """Complete checkpoints (sidecar present) in ``directory``, oldest first."""
     return sorted(p[: -len(".json")] for p in glob.glob(os.path.join(directory, "ckpt_*.json")))
