@@ -80,4 +80,18 @@ class CustomOpError(ScaleboxError):
 
 
 class TrainingError(ScaleboxError):
-    """Training cannot go on: an env returned non-finite observations or rewards, or the loss stayed non-finite."""
+    """Training cannot go on: an env returned non-finite observations or rewards or raised an exception, or the
+    loss stayed non-finite."""
+
+
+def user_code_origin(exc: BaseException) -> str:
+    """' (file.py:line in func)' of the innermost frame of the user's code (outside the standard library,
+    site-packages and scalebox_ms: the env's own ``step``), or ''."""
+    import os
+    import sysconfig
+    import traceback
+
+    skip = (os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"], "<")
+    own = [f for f in traceback.extract_tb(exc.__traceback__)
+           if "site-packages" not in f.filename and not f.filename.startswith(skip)]
+    return f" ({os.path.basename(own[-1].filename)}:{own[-1].lineno} in {own[-1].name})" if own else ""

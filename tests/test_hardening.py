@@ -1,5 +1,6 @@
 """Defects found by a hostile user in the trainer: memory estimate, non-finite data, OOM matching, config copy."""
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -159,6 +160,40 @@ def test_stochastic_evaluation_is_reproducible_per_seed():
     tr.close()
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
+
+
+# ---------------------------------------------------------------------- an env that raises (not isolated)
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_an_env_that_raises_mid_training_is_a_one_line_training_error(algo):
+    """A bug in a user's env (here ValueError in its step, at its 5th step) stops the run with a TrainingError
+    naming the env, the call, the step and the line of the env's code, not a traceback through gymnasium."""
+    from scalebox_ms import Config
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = (small_config(env={"id": "faulty_envs:RaisingCartPole-v0", "num_envs": 2}, run={"total_steps": 256})
+           if algo == "ppo" else
+           Config.from_dict({"algo": "dqn", "env": {"id": "faulty_envs:RaisingCartPole-v0", "num_envs": 1},
+                             "dqn": {"learning_starts": 0, "buffer_size": 100, "train_freq": 4, "gradient_steps": 1},
+                             "run": {"total_steps": 64, "progress": False}}))
+    tr = make_trainer(cfg)
+    try:
+        with pytest.raises(TrainingError) as exc:
+            tr.learn()
+    finally:
+        tr.close()
+    message = str(exc.value)
+    assert "\n" not in message and isinstance(exc.value.__cause__, ValueError)
+    assert re.match(r"env 'faulty_envs:RaisingCartPole-v0': step\(\) raised ValueError at step \d+ "
+                    r"\(faulty_envs\.py:\d+ in step\): env bug; the run stops", message), message
+
+
+def test_an_env_that_raises_during_evaluation_is_an_evaluation_error():
+    from scalebox_ms.trainers.evaluation import EvaluationError, run_episodes
+
+    with pytest.raises(EvaluationError) as exc:
+        run_episodes("faulty_envs:RaisingCartPole-v0", None, lambda obs: np.zeros(len(obs), np.int64), episodes=2)
+    assert re.match(r"evaluation of 'faulty_envs:RaisingCartPole-v0': the env raised ValueError "
+                    r"\(faulty_envs\.py:\d+ in step\): env bug \(0 of 2 episodes done\)", str(exc.value)), exc.value
 
 
 # ---------------------------------------------------------------------- the end-of-run evaluation never kills a run

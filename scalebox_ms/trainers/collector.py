@@ -18,7 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import TrainingError
+from ..errors import ScaleboxError, TrainingError, user_code_origin
+
 
 
 class RolloutCollector:
@@ -131,6 +132,24 @@ class RolloutCollector:
             return packed[:, 0].astype(np.int32)
         return packed[:, :-2].astype(np.int32) if self.spec.integer_actions else packed[:, :-2]
 
+    def step_env(self, actions, step: int):
+        """``env.step(actions)`` with the observations encoded. An exception from the env (a bug in a user's env: a
+        wrong observation shape, a crash in its ``step``) becomes a one-line :class:`TrainingError` naming the env,
+        the step, the exception and where the env's code raised it (the original is chained as ``__cause__``)."""
+        try:
+            raw, reward, terminated, truncated, info = self.env.step(actions)
+            return self.encode(raw), reward, terminated, truncated, info
+        except ScaleboxError:
+            raise
+        except Exception as exc:
+            raise self._env_raised(exc, "step", step) from exc
+
+    def _env_raised(self, exc: Exception, call: str, step: int) -> TrainingError:
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        return TrainingError(f"env {self.env_id!r}: {call}() raised {type(exc).__name__} at step {step}"
+                             f"{user_code_origin(exc)}: {message}; the run stops (the latest checkpoint resumes it; "
+                             f"sandbox.isolation_level: process restarts a failing env instead)")
+
     def _check_finite(self, raw_obs, reward, step: int) -> None:
         for what, value in (("observation", raw_obs), ("reward", reward)):
             if value is None or np.isfinite(value).all():  # the common case: no copy
@@ -144,8 +163,13 @@ class RolloutCollector:
                                     f"before the update sees it")
 
     def reset(self, seed: Optional[int], step: int = 0) -> None:
-        obs, _ = self.env.reset(seed=seed)
-        obs = self.encode(obs)
+        try:
+            obs, _ = self.env.reset(seed=seed)
+            obs = self.encode(obs)
+        except ScaleboxError:
+            raise
+        except Exception as exc:
+            raise self._env_raised(exc, "reset", step) from exc
         self._check_finite(obs, None, step)
         self.raw_obs = obs
         self.obs = self.normalize_obs(obs, update=True)
@@ -172,9 +196,8 @@ class RolloutCollector:
             t1 = clock()
             action = self.unpack_actions(out)
             log_prob, value = out[:, -2], out[:, -1]
-            raw_obs, reward, terminated, truncated, info = self.env.step(self.env_actions(action))
+            raw_obs, reward, terminated, truncated, info = self.step_env(self.env_actions(action), step + t * N)
             t_env += clock() - t1
-            raw_obs = self.encode(raw_obs)
             t_act += t1 - t0
             self._check_finite(raw_obs, reward, step + t * N)
             valid = self.valid

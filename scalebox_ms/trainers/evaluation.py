@@ -25,7 +25,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from ..errors import ScaleboxError
+from ..errors import ScaleboxError, user_code_origin
 
 
 class Returns(list):
@@ -82,10 +82,10 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
         ep_return = np.zeros(n)
         valid = np.ones(n, bool)  # False: the next step is a NEXT_STEP autoreset step
         spoilt = np.zeros(n, bool)  # the current episode saw a worker restart
-        obs, _ = env.reset(seed=seed)
+        obs, _ = _env_call(env.reset, env_id, result, episodes, seed=seed)
         seen = len(events) if events is not None else 0  # restarts before the first episode spoil none
         while (counts < targets).any():
-            obs, reward, terminated, truncated, _ = env.step(act(obs))
+            obs, reward, terminated, truncated, _ = _env_call(env.step, env_id, result, episodes, act(obs))
             if events is not None and len(events) > seen:
                 for event in events[seen:]:
                     spoilt[event["env"]] |= valid[event["env"]]  # mid-episode, not while resetting
@@ -117,8 +117,23 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
         if events is not None:
             result.env_events = list(events)
         raise EvaluationError(f"evaluation of {env_id!r}: {str(exc).splitlines()[0]}", result) from None
+
     finally:
         env.close()
+
+
+def _env_call(fn, env_id: str, result: Returns, episodes: int, *args, **kwargs):
+    """``fn(*args, **kwargs)`` (the eval env's reset or step); an exception of the env's own (a bug in a user's env,
+    not isolated) is a one-line EvaluationError with the episodes done so far, the original chained."""
+    try:
+        return fn(*args, **kwargs)
+    except ScaleboxError:
+        raise
+    except Exception as exc:
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        raise EvaluationError(f"evaluation of {env_id!r}: the env raised {type(exc).__name__}"
+                              f"{user_code_origin(exc)}: {message} ({len(result)} of {episodes} episodes done)",
+                              result) from exc
 
 
 def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, deterministic: bool = True,

@@ -263,10 +263,9 @@ class OffPolicyTrainer(Trainer):
                 else:
                     buf_a, env_a = self._explore(self._policy, rng, N)
                 t1 = clock()
-                raw, reward, terminated, truncated, info = c.env.step(env_a)
+                raw, reward, terminated, truncated, info = c.step_env(env_a, self.global_step)
                 t_env += clock() - t1
                 t_act += t1 - t0
-                raw = c.encode(raw)
                 c._check_finite(raw, reward, self.global_step)
                 valid = c.valid
                 reward = np.asarray(reward, np.float64)
