@@ -436,3 +436,29 @@ def test_int8_export_of_one_hot_observations_and_refusal_for_multi_actions(tmp_p
             export_mindir(md, str(tmp_path / "md.mindir"), int8=True, calibrate_steps=16)
     finally:
         md.close()
+
+
+def test_predict_names_an_observation_of_the_wrong_shape_or_a_missing_part():
+    """A wrong shape used to fail inside MindSpore's graph compile (an analyzer dump, analyze_fail.ir written into
+    the working directory, "MatMul ... x1_col: 3 and x2_row: 4"); now one line names the part and the shapes."""
+    flat = PPOTrainer(Config.from_dict({"env": {"id": "CartPole-v1", "num_envs": 2}, "run": {"progress": False}}))
+    try:
+        assert flat.predict(np.zeros(4)).shape == () and flat.predict(np.zeros((3, 4))).shape == (3,)
+        with pytest.raises(ValueError, match=r"observation has shape \(3,\); .* needs \(4,\) .* or \(N, 4\)"):
+            flat.predict(np.zeros(3))
+        with pytest.raises(ValueError, match=r"observation has shape \(2, 5\)"):
+            flat.predict(np.zeros((2, 5)))
+    finally:
+        flat.close()
+    composite = PPOTrainer(Config.from_dict({"env": {"id": "DictMatch-v0", "num_envs": 2},
+                                             "run": {"progress": False}}))
+    try:
+        good = {"position": np.zeros((5, 1), np.float32), "flag": np.ones(5, np.int64)}
+        assert composite.predict(good).shape == (5,)
+        with pytest.raises(ValueError, match=r"observation part position has shape \(5, 2\); .* needs \(1,\)"):
+            composite.predict({**good, "position": np.zeros((5, 2), np.float32)})
+        with pytest.raises(ValueError, match="observation part flag is missing"):
+            composite.predict({"position": good["position"]})
+    finally:
+        composite.close()
+    assert not os.path.exists("rank_0")  # no compile failure left its analyzer files behind

@@ -173,6 +173,19 @@ class ObsEncoder:
         leaf = self.leaves[0]
         return np.ndim(self._leaf_value(obs, leaf)) == len(leaf.shape)
 
+    def check_shapes(self, obs, single: bool, what: str = "predict") -> None:
+        """A ValueError naming the part (Dict key / Tuple index) of ``obs`` that is missing or whose shape is not the
+        observation space's (one observation, or a batch ``(N, *shape)`` when not ``single``)."""
+        for leaf in self.leaves:
+            part = "observation" if not leaf.path else f"observation part {leaf.name}"
+            try:
+                got = tuple(np.shape(self._leaf_value(obs, leaf)))
+            except (KeyError, IndexError, TypeError):
+                raise ValueError(f"{what}: {part} is missing (the env's observation space is {self.space})") from None
+            if (got if single else got[1:]) != tuple(leaf.shape) or (not single and len(got) != len(leaf.shape) + 1):
+                raise ValueError(f"{what}: {part} has shape {got}; the env's observation space needs {leaf.shape} "
+                                 f"(one observation) or (N, {', '.join(map(str, leaf.shape))}) (a batch)")
+
     def leaf_arrays(self, obs) -> List[np.ndarray]:
         """The batch's leaves in :attr:`leaves` order, each ``(batch, *leaf.shape)`` in its input dtype."""
         out = []

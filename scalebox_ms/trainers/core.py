@@ -149,7 +149,11 @@ class Trainer:
         encoder = self.collector.encoder
         if encoder.plain:
             obs = np.asarray(obs, np.float32)
-        single = encoder.is_single(obs)
+        try:
+            single = encoder.is_single(obs)
+        except (KeyError, IndexError, TypeError):
+            single = False  # (a part is missing: check_shapes names it)
+        encoder.check_shapes(obs, single)  # (a wrong shape would fail deep inside a graph compile)
         if single:
             obs = obs[None] if encoder.plain else _batch_of_one(obs)
         batch = self.normalize_obs(obs, update=False)
