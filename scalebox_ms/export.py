@@ -202,20 +202,28 @@ class MindIRPolicy:
         import mindspore as ms
         import numpy as np
 
+        def batch(x, shape, part="observations"):  # (a wrong shape would fail inside the GraphCell)
+            if tuple(x.shape) == tuple(shape):  # one observation
+                return x[None]
+            if x.ndim < 1 or int(np.prod(x.shape[1:], dtype=np.int64)) != int(np.prod(shape, dtype=np.int64)):
+                raise ValueError(f"MindIRPolicy: {part} of shape {x.shape}; the policy takes a batch "
+                                 f"(N, {', '.join(map(str, shape))})")
+            return x.reshape((-1,) + tuple(shape))
+
         leaves = self.sidecar["input"].get("leaves")
         if self.sidecar["input"].get("image"):
             obs = np.asarray(obs, np.uint8)
-            return self.cell(ms.Tensor(obs.reshape((-1,) + tuple(self.sidecar["input"]["shape"][1:])))).asnumpy()
+            return self.cell(ms.Tensor(batch(obs, self.sidecar["input"]["shape"][1:]))).asnumpy()
         if leaves is None:
             obs = np.asarray(obs, np.float32)
-            return self.cell(ms.Tensor(obs.reshape(obs.shape[0], -1))).asnumpy()
+            return self.cell(ms.Tensor(batch(obs, self.sidecar["input"]["shape"][1:]))).asnumpy()
         tensors = []
         for leaf in leaves:
             x = obs
             for p in leaf["path"]:
                 x = x[p]
             x = np.asarray(x).astype(leaf["dtype"], copy=False)
-            tensors.append(ms.Tensor(x.reshape((-1,) + tuple(leaf["shape"]))))
+            tensors.append(ms.Tensor(batch(x, leaf["shape"], f"observation part {'.'.join(map(str, leaf['path']))}")))
         return self.cell(*tensors).asnumpy()
 
     def env_actions(self, actions: "np.ndarray") -> "np.ndarray":  # noqa: F821

@@ -76,6 +76,13 @@ def test_continuous_export_matches_predict(tmp_path):
     want = tr.predict(np.asarray(out["obs"], np.float32))
     np.testing.assert_allclose(np.asarray(out["actions"]), want, rtol=1e-5, atol=1e-5)
     assert np.all(np.abs(want) <= 2.0)
+    from scalebox_ms.export import MindIRPolicy
+
+    policy = MindIRPolicy(path)
+    obs = np.asarray(out["obs"][:5], np.float32)
+    np.testing.assert_allclose(policy(obs[0]), policy(obs[:1]))  # one observation is a batch of one
+    with pytest.raises(ValueError, match=r"MindIRPolicy: observations of shape \(5, 2\); .* batch \(N, 3\)"):
+        policy(obs[:, :2])  # (used to fail inside the GraphCell)
     tr.close()
 
 
