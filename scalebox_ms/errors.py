@@ -91,7 +91,8 @@ def user_code_origin(exc: BaseException) -> str:
     import sysconfig
     import traceback
 
-    skip = (os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"], "<")
+    skip = (os.path.dirname(os.path.abspath(__file__)) + os.sep, sysconfig.get_paths()["stdlib"] + os.sep, "<")
+    packages = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
     own = [f for f in traceback.extract_tb(exc.__traceback__)
-           if "site-packages" not in f.filename and not f.filename.startswith(skip)]
+           if not any(p in f.filename for p in packages) and not f.filename.startswith(skip)]
     return f" ({os.path.basename(own[-1].filename)}:{own[-1].lineno} in {own[-1].name})" if own else ""

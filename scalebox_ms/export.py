@@ -202,13 +202,15 @@ class MindIRPolicy:
         import mindspore as ms
         import numpy as np
 
-        def batch(x, shape, part="observations"):  # (a wrong shape would fail inside the GraphCell)
-            if tuple(x.shape) == tuple(shape):  # one observation
-                return x[None]
-            if x.ndim < 1 or int(np.prod(x.shape[1:], dtype=np.int64)) != int(np.prod(shape, dtype=np.int64)):
-                raise ValueError(f"MindIRPolicy: {part} of shape {x.shape}; the policy takes a batch "
-                                 f"(N, {', '.join(map(str, shape))})")
-            return x.reshape((-1,) + tuple(shape))
+        def batch(x, shape, part="observations", flat=None):  # (a wrong shape would fail inside the GraphCell)
+            shape = tuple(shape)
+            if x.shape == shape:  # one observation
+                return x.reshape((1,) + (flat or shape))
+            if x.ndim < 1 or x.shape[1:] not in (shape, flat):
+                forms = [s for s in dict.fromkeys((shape, flat)) if s is not None]
+                want = " or ".join(f"(N, {', '.join(map(str, s))})" for s in forms)
+                raise ValueError(f"MindIRPolicy: {part} of shape {x.shape}; the policy takes a batch {want}")
+            return x.reshape((-1,) + (flat or shape))
 
         leaves = self.sidecar["input"].get("leaves")
         if self.sidecar["input"].get("image"):
@@ -216,7 +218,9 @@ class MindIRPolicy:
             return self.cell(ms.Tensor(batch(obs, self.sidecar["input"]["shape"][1:]))).asnumpy()
         if leaves is None:
             obs = np.asarray(obs, np.float32)
-            return self.cell(ms.Tensor(batch(obs, self.sidecar["input"]["shape"][1:]))).asnumpy()
+            inp = self.sidecar["input"]
+            shape = tuple(inp.get("observation_shape") or inp["shape"][1:])
+            return self.cell(ms.Tensor(batch(obs, shape, flat=tuple(inp["shape"][1:])))).asnumpy()
         tensors = []
         for leaf in leaves:
             x = obs

@@ -188,3 +188,28 @@ def test_export_refuses_missing_run_and_evaluate_missing_file(tmp_path):
     assert r.returncode == 2 and "not a run directory" in r.stderr
     r = run_module("evaluate", "--mindir", tmp_path / "none.mindir")
     assert r.returncode == 2 and "file not found" in r.stderr
+
+
+def test_mindir_policy_takes_the_envs_shapes_and_names_a_wrong_one():
+    """MindIRPolicy's input handling on a stand-in graph (the identity): a (2, 3) Box is fed flat as the export
+    takes it, as one observation, a batch, or a batch already flattened; other shapes are refused in one line."""
+    from scalebox_ms.export import MindIRPolicy
+
+    policy = MindIRPolicy.__new__(MindIRPolicy)
+    policy.sidecar = {"input": {"dtype": "float32", "shape": [None, 6], "observation_shape": [2, 3]}}
+    policy.cell = lambda x: x
+    one = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(policy(one), one.reshape(1, 6))
+    np.testing.assert_array_equal(policy(np.stack([one, one])), np.stack([one, one]).reshape(2, 6))
+    np.testing.assert_array_equal(policy(one.reshape(1, 6)), one.reshape(1, 6))
+    with pytest.raises(ValueError, match=r"observations of shape \(4, 3\); .* batch \(N, 2, 3\) or \(N, 6\)"):
+        policy(np.zeros((4, 3), np.float32))
+    policy.sidecar = {"input": {"leaves": [{"path": ["flag"], "dtype": "int32", "shape": []},
+                                           {"path": ["frame"], "dtype": "uint8", "shape": [8, 8, 3]}]}}
+    policy.cell = lambda *xs: xs[0]
+    frame = np.zeros((8, 8, 3), np.uint8)
+    assert policy({"flag": 1, "frame": frame}).shape == (1,)
+    assert policy({"flag": np.ones(4), "frame": np.zeros((4, 8, 8, 3))}).shape == (4,)
+    with pytest.raises(ValueError, match=r"observation part frame of shape \(4, 3, 8, 8\); .* \(N, 8, 8, 3\)"):
+        policy({"flag": np.ones(4), "frame": np.zeros((4, 3, 8, 8))})  # CHW frames for an HWC policy
+

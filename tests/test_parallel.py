@@ -292,16 +292,22 @@ def _start_job(tmp_path):
     return proc, run_dir
 
 
-def _processes_of(run_dir):
-    found = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as f:
-                if run_dir.encode() in f.read():
-                    found.append(cmdline)
-        except OSError:
-            continue
-    return found
+def _processes_of(run_dir, wait=10.0):
+    """The processes whose command line names ``run_dir``, once none is left or after ``wait`` seconds (processes
+    just killed take a moment to go)."""
+    deadline = time.time() + wait
+    while True:
+        found = []
+        for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+            try:
+                with open(cmdline, "rb") as f:
+                    if run_dir.encode() in f.read():
+                        found.append(cmdline)
+            except OSError:
+                continue
+        if not found or time.time() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 @pytest.mark.integration
@@ -381,7 +387,12 @@ def test_dead_workers_are_gone_pids_without_their_exit_marker(tmp_path):
     (tmp_path / "rank_11.pid").write_text(str(gone.pid))
     assert dead_workers(str(tmp_path)) == [gone.pid]
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])
-    time.sleep(1.0)  # exited, not reaped yet: a zombie counts as gone
+    deadline = time.time() + 30
+    while os.path.exists(f"/proc/{zombie.pid}/stat") and time.time() < deadline:
+        with open(f"/proc/{zombie.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # exited, not reaped yet: a zombie counts as gone
+        time.sleep(0.05)
     (tmp_path / "rank_2.pid").write_text(str(zombie.pid))
     assert dead_workers(str(tmp_path)) == [zombie.pid, gone.pid]  # rank order (2 before 11)
     (tmp_path / "rank_11.exit").write_text("")  # it exited through Python: msrun reports it as before

@@ -162,13 +162,18 @@ def test_evaluation_episodes_of_an_env_without_a_step_limit_end(caplog, monkeypa
 
     monkeypatch.setattr(factory, "_capped", set())  # (logged once per env id and process)
 
+    calls = []
+
     def up(obs):
+        calls.append(1)
+        assert len(calls) <= 2 * EVAL_MAX_EPISODE_STEPS + 10, "the step cap did not end the episodes"  # (not hang)
         return np.zeros(len(obs), np.int64)  # walks into the top wall: -1 per step, never the goal
 
     with caplog.at_level(logging.INFO, logger="scalebox_ms"):
         returns = run_episodes("CliffWalking-v1", None, up, episodes=2)
     assert returns == [-float(EVAL_MAX_EPISODE_STEPS)] * 2
     assert "no episode step limit" in caplog.text and "env.kwargs.max_episode_steps" in caplog.text
+    calls.clear()
     assert run_episodes("CliffWalking-v1", {"max_episode_steps": 30}, up, episodes=3) == [-30.0] * 3
     balance = run_episodes("CartPole-v1", None, lambda obs: (obs[:, 2] + obs[:, 3] > 0).astype(np.int64), episodes=2)
     assert balance == [500.0, 500.0]  # a policy that balances is still cut by CartPole's own 500-step limit

@@ -65,12 +65,14 @@ def write_rank_pid(run_dir: str, rank: int) -> None:
     tmp = os.path.join(d, f".rank_{rank}.pid.tmp")
     with open(tmp, "w") as f:
         f.write(str(pid))
+    alive = os.path.join(d, f"rank_{rank}.alive")
+    open(alive, "w").close()  # renamed to rank_<r>.exit at exit: a rename needs no free space (a full disk)
     os.replace(tmp, os.path.join(d, f"rank_{rank}.pid"))
 
     def exited():
         if os.getpid() == pid:  # (not in a forked child that inherited the handler)
             try:
-                open(os.path.join(d, f"rank_{rank}.exit"), "w").close()
+                os.replace(alive, os.path.join(d, f"rank_{rank}.exit"))
             except OSError:
                 pass
 
@@ -122,9 +124,22 @@ def _children(pid: int) -> List[int]:
     return found
 
 
+_stopping = threading.Lock()
+
+
 def _stop_job(proc, grace: float = 10.0) -> None:
     """msrun's own Ctrl-C path (SIGINT: it SIGKILLs its workers' process groups and its scheduler), then SIGKILL
-    for whatever of msrun and its children (each in its own session) still runs after ``grace`` seconds."""
+    for whatever of msrun and its children (each in its own session) still runs after ``grace`` seconds. Only
+    one thread stops the job (the pid watcher and a Ctrl-C may both ask)."""
+    if not _stopping.acquire(blocking=False):
+        return
+    try:
+        _stop_job_now(proc, grace)
+    finally:
+        _stopping.release()
+
+
+def _stop_job_now(proc, grace: float) -> None:
     children = _children(proc.pid)
     try:
         proc.send_signal(2)
@@ -178,6 +193,14 @@ def _worker_error(run_dir: str) -> Optional[str]:
     return None
 
 
+def _default_sigint() -> None:
+    """In msrun (before exec): Ctrl-C's default action and unblocked, whatever the launcher inherited (a launcher
+    started in the background ignores SIGINT, and an ignored signal survives exec): _stop_job's SIGINT must reach
+    msrun's own handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM to the launcher: the job is stopped as for Ctrl-C; the CLI exits 128 + 15."""
 
@@ -195,7 +218,7 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     created = fresh and not os.path.exists(run_dir)
     os.makedirs(log_dir, exist_ok=True)
     # a previous launch's files (resume): not this job's
-    for pattern in ("rank_*.pid", "rank_*.exit", "worker_*.log", "scheduler.log"):
+    for pattern in ("rank_*.pid", "rank_*.alive", "rank_*.exit", "worker_*.log", "scheduler.log"):
         for stale in glob.glob(os.path.join(log_dir, pattern)):
             os.unlink(stale)
     port = free_port()
@@ -210,15 +233,16 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     stream.write(f"launching {workers} msrun workers on 127.0.0.1:{port}; logs in {log_dir}\n")
     stream.flush()
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                            errors="replace", start_new_session=True)
-    dead_pid = None
-    died: list = []  # (filled by the watcher thread)
-    threading.Thread(target=_watch, args=(proc, log_dir, died), daemon=True).start()
     main = threading.current_thread() is threading.main_thread()
     old_int = signal.getsignal(signal.SIGINT) if main else None
-    old_term = signal.signal(signal.SIGTERM, _terminated) if main else None
+    old_term = signal.signal(signal.SIGTERM, _terminated) if main else None  # (before msrun exists)
+    proc = None
+    dead_pid = None
+    died: list = []  # (filled by the watcher thread)
     try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                errors="replace", start_new_session=True, preexec_fn=_default_sigint)
+        threading.Thread(target=_watch, args=(proc, log_dir, died), daemon=True).start()
         for line in proc.stdout:
             m = re.search(r"Worker process (\d+) exit with exception", line)
             if m and dead_pid is None:
@@ -227,11 +251,12 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
                 continue
             stream.write(line)
         rc = proc.wait()
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (_terminated): stop the whole job, then exit 130 / 143
-        if main:  # (a second signal must not cut the clean-up short)
+    except BaseException:  # Ctrl-C, SIGTERM (_terminated: exit 130 / 143), or a broken stderr pipe: no job is
+        if main:           # left running without its launcher (a second signal must not cut the clean-up short)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _stop_job(proc)  # msrun's workers and scheduler run in sessions of their own: stop them all
+        if proc is not None and proc.poll() is None:
+            _stop_job(proc)  # msrun's workers and scheduler run in sessions of their own: stop them all
         raise
     finally:
         if main:

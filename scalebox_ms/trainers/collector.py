@@ -21,7 +21,6 @@ import numpy as np
 from ..errors import ScaleboxError, TrainingError, user_code_origin
 
 
-
 class RolloutCollector:
     """Collect rollouts of ``num_envs`` envs (this process's share) into a :class:`RolloutStorage`."""
 
@@ -138,17 +137,29 @@ class RolloutCollector:
         the step, the exception and where the env's code raised it (the original is chained as ``__cause__``)."""
         try:
             raw, reward, terminated, truncated, info = self.env.step(actions)
-            return self.encode(raw), reward, terminated, truncated, info
-        except ScaleboxError:
+        except (ScaleboxError, MemoryError):
             raise
         except Exception as exc:
             raise self._env_raised(exc, "step", step) from exc
+        return self._encode_returned(raw, "step", step), reward, terminated, truncated, info
 
-    def _env_raised(self, exc: Exception, call: str, step: int) -> TrainingError:
+    def _encode_returned(self, raw, call: str, step: int) -> np.ndarray:
+        try:
+            return self.encode(raw)
+        except (ScaleboxError, MemoryError):
+            raise
+        except Exception as exc:  # (its observation does not fit the observation space it declares)
+            raise self._env_raised(exc, call, step, returned=True) from exc
+
+    def _env_raised(self, exc: Exception, call: str, step: int, returned: bool = False) -> TrainingError:
         message = str(exc).splitlines()[0] if str(exc) else ""
-        return TrainingError(f"env {self.env_id!r}: {call}() raised {type(exc).__name__} at step {step}"
-                             f"{user_code_origin(exc)}: {message}; the run stops (the latest checkpoint resumes it; "
-                             f"sandbox.isolation_level: process restarts a failing env instead)")
+        what = (f"{call}() returned an observation that does not fit its observation space ({type(exc).__name__}"
+                if returned else f"{call}() raised {type(exc).__name__}")
+        isolated = getattr(self.env, "events", None) is not None
+        hint = "" if isolated else "; sandbox.isolation_level: process restarts a failing env instead"
+        return TrainingError(f"env {self.env_id!r}: {what}{')' if returned else ''} at step {step}"
+                             f"{user_code_origin(exc)}: {message}; the run stops (the latest checkpoint resumes "
+                             f"it{hint})")
 
     def _check_finite(self, raw_obs, reward, step: int) -> None:
         for what, value in (("observation", raw_obs), ("reward", reward)):
@@ -165,11 +176,11 @@ class RolloutCollector:
     def reset(self, seed: Optional[int], step: int = 0) -> None:
         try:
             obs, _ = self.env.reset(seed=seed)
-            obs = self.encode(obs)
-        except ScaleboxError:
+        except (ScaleboxError, MemoryError):
             raise
         except Exception as exc:
             raise self._env_raised(exc, "reset", step) from exc
+        obs = self._encode_returned(obs, "reset", step)
         self._check_finite(obs, None, step)
         self.raw_obs = obs
         self.obs = self.normalize_obs(obs, update=True)

@@ -117,7 +117,6 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
         if events is not None:
             result.env_events = list(events)
         raise EvaluationError(f"evaluation of {env_id!r}: {str(exc).splitlines()[0]}", result) from None
-
     finally:
         env.close()
 
@@ -127,7 +126,7 @@ def _env_call(fn, env_id: str, result: Returns, episodes: int, *args, **kwargs):
     not isolated) is a one-line EvaluationError with the episodes done so far, the original chained."""
     try:
         return fn(*args, **kwargs)
-    except ScaleboxError:
+    except (ScaleboxError, MemoryError):
         raise
     except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else ""
