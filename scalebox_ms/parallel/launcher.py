@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 RANK_PID_DIR = "msrun"
 
@@ -79,11 +79,16 @@ def write_rank_pid(run_dir: str, rank: int) -> None:
     atexit.register(exited)
 
 
+def _stat(pid: int) -> List[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...); FileNotFoundError if gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def _alive(pid: int) -> bool:
     """The process exists and is not a zombie (a dead worker msrun has not reaped yet)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return _stat(pid)[0] != "Z"
     except FileNotFoundError:
         return False
     except (OSError, IndexError):  # no /proc: signal 0 tells existence only
@@ -96,29 +101,33 @@ def _alive(pid: int) -> bool:
             return True
 
 
-def dead_workers(log_dir: str) -> List[int]:
-    """The pids of the workers that are gone without their exit marker, in rank order."""
-    dead = []
+def _rank_pids(log_dir: str) -> Dict[int, int]:
+    """rank -> pid from the workers' ``rank_<r>.pid`` files."""
+    found = {}
     for path in glob.glob(os.path.join(log_dir, "rank_*.pid")):
         try:
             rank = int(re.search(r"rank_(\d+)\.pid$", path).group(1))
             with open(path) as f:
-                pid = int(f.read().strip())
+                found[rank] = int(f.read().strip())
         except (OSError, ValueError, AttributeError):
             continue
-        if not _alive(pid) and not os.path.exists(path[:-len(".pid")] + ".exit"):
-            dead.append((rank, pid))
-    return [pid for _, pid in sorted(dead)]
+    return found
+
+
+def dead_workers(log_dir: str) -> List[int]:
+    """The pids of the workers that are gone without their exit marker, in rank order."""
+    return [pid for rank, pid in sorted(_rank_pids(log_dir).items())
+            if not _alive(pid) and not os.path.exists(os.path.join(log_dir, f"rank_{rank}.exit"))]
 
 
 def _children(pid: int) -> List[int]:
     """The pids whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
     found = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
+    for path in glob.glob("/proc/[0-9]*/stat"):
+        child = int(path.split("/")[2])
         try:
-            with open(stat) as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(stat.split("/")[2]))
+            if int(_stat(child)[1]) == pid:
+                found.append(child)
         except (OSError, IndexError, ValueError):
             continue
     return found
@@ -169,14 +178,7 @@ def _watch(proc, log_dir: str, found: list, interval: float = 0.2) -> None:
 
 
 def _rank_of_pid(run_dir: str, pid: int) -> Optional[int]:
-    for path in glob.glob(os.path.join(run_dir, RANK_PID_DIR, "rank_*.pid")):
-        try:
-            with open(path) as f:
-                if int(f.read().strip()) == pid:
-                    return int(re.search(r"rank_(\d+)\.pid$", path).group(1))
-        except (OSError, ValueError, AttributeError):
-            continue
-    return None
+    return next((rank for rank, p in _rank_pids(os.path.join(run_dir, RANK_PID_DIR)).items() if p == pid), None)
 
 
 def _worker_error(run_dir: str) -> Optional[str]:

@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..config_yaml import first_line
 from ..errors import ScaleboxError, TrainingError, user_code_origin
 
 
@@ -152,7 +153,7 @@ class RolloutCollector:
             raise self._env_raised(exc, call, step, returned=True) from exc
 
     def _env_raised(self, exc: Exception, call: str, step: int, returned: bool = False) -> TrainingError:
-        message = str(exc).splitlines()[0] if str(exc) else ""
+        message = first_line(exc)
         what = (f"{call}() returned an observation that does not fit its observation space ({type(exc).__name__}"
                 if returned else f"{call}() raised {type(exc).__name__}")
         isolated = getattr(self.env, "events", None) is not None

@@ -25,6 +25,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from ..config_yaml import first_line
 from ..errors import ScaleboxError, user_code_origin
 
 
@@ -129,7 +130,7 @@ def _env_call(fn, env_id: str, result: Returns, episodes: int, *args, **kwargs):
     except (ScaleboxError, MemoryError):
         raise
     except Exception as exc:
-        message = str(exc).splitlines()[0] if str(exc) else ""
+        message = first_line(exc)
         raise EvaluationError(f"evaluation of {env_id!r}: the env raised {type(exc).__name__}"
                               f"{user_code_origin(exc)}: {message} ({len(result)} of {episodes} episodes done)",
                               result) from exc
