@@ -3,6 +3,8 @@
 For each of NatureCNN's three layers on Atari's (4, 84, 84) frame stacks at batch 256 (a minibatch of
 configs/ppo_atari.yaml): forward seconds and forward+backward (weight gradients) seconds, median of 3 calls after
 a warm-up, both compiled with ``@ms.jit``; then the whole NatureCNN forward and forward+backward both ways.
+``im2col, implicit broadcast`` is the formulation models/cnn.py used before: ``ops.matmul(weight, patches)``,
+MindSpore broadcasting the weight over the batch itself (its backward then also computes the patches' gradient).
 
 Usage:  python benchmarks/cnn_conv.py [--batch 256] [--out benchmarks/results/cnn_conv.json]
 """
@@ -12,6 +14,8 @@ import argparse
 import os
 import statistics
 import time
+
+from mindspore import ops
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -38,6 +42,28 @@ def fwd_and_fwd_bwd(cell, x):
     return timed(ms.jit(cell.construct), x), timed(ms.jit(ms.value_and_grad(loss, None, cell.trainable_params())), x)
 
 
+def conv_implicit_broadcast(x, weight, bias, stride: int, im2col: bool):
+    """models/cnn.py's im2col convolution as it was before the explicit broadcast (for the side-by-side row)."""
+    B, _, H, W = x.shape
+    out, k, s = weight.shape[0], weight.shape[2], stride
+    oh, ow = (H - k) // s + 1, (W - k) // s + 1
+    y = ops.matmul(weight.reshape(out, -1), ops.unfold(x, k, 1, 0, s)) + bias.reshape(out, 1)
+    return y.reshape(B, out, oh, ow)
+
+
+def variants(run):
+    """``run()`` once per convolution path: nn.Conv2d, im2col as it is, im2col with the implicit broadcast."""
+    from scalebox_ms.models import cnn
+
+    out = {"nn.Conv2d": run(False), "im2col": run(True)}
+    current, cnn.conv2d_valid = cnn.conv2d_valid, conv_implicit_broadcast  # read when a new cell is compiled
+    try:
+        out["im2col_implicit"] = run(True)
+    finally:
+        cnn.conv2d_valid = current
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=256)
@@ -58,21 +84,26 @@ def main() -> None:
     for cin, cout, k, s, hw in [(4, 32, 8, 4, 84), (32, 64, 4, 2, 20), (64, 64, 3, 1, 9)]:
         x = ms.Tensor(np.random.default_rng(0).random((B, cin, hw, hw)).astype(np.float32))
         row = {"layer": f"{cin}->{cout} {k}x{k}/{s} on {hw}x{hw}"}
-        for name, cell in (("nn.Conv2d", nn.Conv2d(cin, cout, k, stride=s, pad_mode="valid", has_bias=True)),
-                           ("im2col", Conv(cin, cout, k, s, "normal", "zeros", im2col=True))):
-            row[f"{name}_fwd_s"], row[f"{name}_fwd_bwd_s"] = fwd_and_fwd_bwd(cell, x)
+        def run(im2col, cin=cin, cout=cout, k=k, s=s, x=x):
+            cell = (Conv(cin, cout, k, s, "normal", "zeros", im2col=True) if im2col
+                    else nn.Conv2d(cin, cout, k, stride=s, pad_mode="valid", has_bias=True))
+            return fwd_and_fwd_bwd(cell, x)
+
+        for name, (fwd, fwd_bwd) in variants(run).items():
+            row[f"{name}_fwd_s"], row[f"{name}_fwd_bwd_s"] = fwd, fwd_bwd
         rows.append(row)
         print(row, flush=True)
     frames = ms.Tensor(np.random.default_rng(1).integers(0, 256, (B, 4, 84, 84)).astype(np.uint8))
     whole = {"layer": "NatureCNN (4, 84, 84) -> 512"}
-    for name, im2col in (("nn.Conv2d", False), ("im2col", True)):
-        whole[f"{name}_fwd_s"], whole[f"{name}_fwd_bwd_s"] = fwd_and_fwd_bwd(NatureCNN((4, 84, 84), im2col=im2col),
-                                                                             frames)
+    for name, (fwd, fwd_bwd) in variants(lambda im2col: fwd_and_fwd_bwd(NatureCNN((4, 84, 84), im2col=im2col),
+                                                                          frames)).items():
+        whole[f"{name}_fwd_s"], whole[f"{name}_fwd_bwd_s"] = fwd, fwd_bwd
     rows.append(whole)
     print(whole, flush=True)
     for row in rows:
         row["fwd_speedup"] = row["nn.Conv2d_fwd_s"] / row["im2col_fwd_s"]
         row["fwd_bwd_speedup"] = row["nn.Conv2d_fwd_bwd_s"] / row["im2col_fwd_bwd_s"]
+        row["explicit_broadcast_fwd_bwd_speedup"] = row["im2col_implicit_fwd_bwd_s"] / row["im2col_fwd_bwd_s"]
     atomic_write_json(args.out, {"batch": B, "rows": rows, "date": time.strftime("%Y-%m-%d %H:%M"),
                                  "mindspore": ms.__version__, "cpus": os.cpu_count()})
     print(f"wrote {args.out}")
