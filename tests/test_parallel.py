@@ -404,12 +404,11 @@ def test_dead_workers_are_gone_pids_without_their_exit_marker(tmp_path):
 def test_a_users_own_msrun_line_is_detected(tmp_path):
     """msrun started by the user (no --workers): every process detects its role, the world size is taken from msrun
     and recorded in the run's config, rank 0 writes the run."""
-    from scalebox_ms.parallel.launcher import free_port, msrun_executable
+    from scalebox_ms.parallel.launcher import free_port, msrun_env, msrun_executable
 
     run_dir = tmp_path / "run"
-    env = dict(os.environ)
+    env = msrun_env(os.environ)  # (1 s heartbeats, as the docs suggest for a user's own local msrun line)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     r = subprocess.run([msrun_executable(), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
                         f"--master_port={free_port()}", "--join=True", f"--log_dir={tmp_path / 'logs'}",
                         "python", "-m", "scalebox_ms.train", "--total-steps", "256", "--run-dir", str(run_dir),
@@ -441,3 +440,15 @@ def test_rank_id_outside_msrun_does_not_skip_the_run_dir_check(tmp_path, monkeyp
     with pytest.raises(ConfigError, match="already exists and is not empty"):
         train_run(small_config(), run_dir=str(tmp_path), progress=False, log=lambda s: None)
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+
+
+def test_msrun_env_shortens_the_heartbeat_unless_the_user_sets_it():
+    """Each rank's exit waited out MindSpore's heartbeat sleep (3-5 s by default); the launcher asks for 1 s
+    heartbeats, puts this interpreter first on PATH, and leaves values the user set alone."""
+    from scalebox_ms.parallel.launcher import msrun_env
+
+    env = msrun_env({"PATH": "/usr/bin"})
+    assert env["MS_RETRY_INTERVAL_LOWER"] == env["MS_RETRY_INTERVAL_UPPER"] == "1" and env["GLOG_v"] == "3"
+    assert env["PATH"].split(os.pathsep) == [os.path.dirname(sys.executable), "/usr/bin"]
+    mine = msrun_env({"PATH": "/usr/bin", "MS_RETRY_INTERVAL_LOWER": "5", "GLOG_v": "1"})
+    assert mine["MS_RETRY_INTERVAL_LOWER"] == "5" and "MS_RETRY_INTERVAL_UPPER" not in mine and mine["GLOG_v"] == "1"
