@@ -308,7 +308,7 @@ def test_exported_sac_actor_runs_without_scalebox_ms(tmp_path):
     from scalebox_ms.export import export_mindir
     from scalebox_ms.trainers import make_trainer
 
-    t = make_trainer(sac_config())
+    t = make_trainer(sac_config(train_freq=8, gradient_steps=2))
     t.learn(until=200)
     path = str(tmp_path / "actor.mindir")
     export_mindir(t, path)
@@ -359,8 +359,11 @@ def test_dqn_host_acting_matches_the_compiled_graph():
     assert make_trainer(dqn_config(host_acting=False)).host_q is None
 
 
-@pytest.mark.parametrize("make", [lambda: dqn_config(learning_starts=0), sac_config,
-                                  lambda: sac_config("td3", learning_starts=0)], ids=["dqn", "sac", "td3"])
+# (SAC/TD3 below: a gradient step per 4 env steps, not per step: the tests need trained weights, not learning)
+@pytest.mark.parametrize("make", [lambda: dqn_config(learning_starts=0),
+                                  lambda: sac_config(train_freq=8, gradient_steps=2),
+                                  lambda: sac_config("td3", learning_starts=0, train_freq=8, gradient_steps=2)],
+                         ids=["dqn", "sac", "td3"])
 def test_int8_export_of_the_off_policy_actor(make, tmp_path):
     """INT8 (L1) quantizes the deterministic policy's MLP (DQN's Q-network, SAC's trunk + mean head, TD3's actor):
     its actions stay close to the float policy's, and the learner's parameters (names, hash) are untouched."""
@@ -387,8 +390,10 @@ def test_int8_export_of_the_off_policy_actor(make, tmp_path):
     t.close()
 
 
-@pytest.mark.parametrize("make, level", [(lambda: dqn_config(learning_starts=0), "O1"), (sac_config, "O2"),
-                                         (lambda: sac_config("td3", learning_starts=0), "O2")],
+@pytest.mark.parametrize("make, level", [(lambda: dqn_config(learning_starts=0), "O1"),
+                                         (lambda: sac_config(train_freq=8, gradient_steps=2), "O2"),
+                                         (lambda: sac_config("td3", learning_starts=0, train_freq=8, gradient_steps=2),
+                                          "O2")],
                          ids=["dqn-O1", "sac-O2", "td3-O2"])
 def test_amp_trains_every_loss_with_the_loss_scaler(make, level):
     """float16 networks, one dynamic loss scale for all of a step's losses: training stays finite, the scaler's
