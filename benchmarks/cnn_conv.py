@@ -5,6 +5,7 @@ configs/ppo_atari.yaml): forward seconds and forward+backward (weight gradients)
 a warm-up, both compiled with ``@ms.jit``; then the whole NatureCNN forward and forward+backward both ways.
 ``im2col, implicit broadcast`` is the formulation models/cnn.py used before: ``ops.matmul(weight, patches)``,
 MindSpore broadcasting the weight over the batch itself (its backward then also computes the patches' gradient).
+The variants run one after the other (nn.Conv2d, im2col, implicit), not interleaved.
 
 Usage:  python benchmarks/cnn_conv.py [--batch 256] [--out benchmarks/results/cnn_conv.json]
 """
@@ -15,7 +16,7 @@ import os
 import statistics
 import time
 
-from mindspore import ops
+from mindspore import ops  # (module level: graph code cannot import)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

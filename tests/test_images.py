@@ -94,6 +94,10 @@ def test_conv_paths_match_nn_conv2d(im2col):
         ref_grad = ms.grad(ref_loss, grad_position=None, weights=ref.trainable_params())
         for g, r in zip(grad(x), ref_grad(x)):
             np.testing.assert_allclose(g.asnumpy(), r.asnumpy(), rtol=1e-4, atol=1e-4)
+    # a dynamic batch, as MindIR export compiles it (the im2col path broadcasts the weight to the batch size)
+    conv.set_inputs(ms.Tensor(shape=[None, 5, 21, 19], dtype=ms.float32))
+    for batch in (1, 3):
+        np.testing.assert_allclose(conv(x[:batch]).asnumpy(), ref(x[:batch]).asnumpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_nature_cnn_matches_a_numpy_forward_pass():

@@ -222,7 +222,7 @@ HEARTBEAT_INTERVAL = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER":
 
 def msrun_env(environ) -> dict:
     """The environment of the msrun job: ``environ``, this interpreter first on PATH (msrun starts ``python``),
-    MindSpore's logging at warnings and :data:`HEARTBEAT_INTERVAL` unless ``environ`` sets them."""
+    MindSpore's logging at errors only (``GLOG_v=3``) and :data:`HEARTBEAT_INTERVAL` unless ``environ`` sets them."""
     env = dict(environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.setdefault("GLOG_v", "3")
