@@ -452,3 +452,4 @@ def test_msrun_env_shortens_the_heartbeat_unless_the_user_sets_it():
     assert env["PATH"].split(os.pathsep) == [os.path.dirname(sys.executable), "/usr/bin"]
     mine = msrun_env({"PATH": "/usr/bin", "MS_RETRY_INTERVAL_LOWER": "5", "GLOG_v": "1"})
     assert mine["MS_RETRY_INTERVAL_LOWER"] == "5" and "MS_RETRY_INTERVAL_UPPER" not in mine and mine["GLOG_v"] == "1"
+    assert msrun_env({"PATH": "/usr/bin", "MS_RETRY_INTERVAL_LOWER": ""})["MS_RETRY_INTERVAL_LOWER"] == "1"

@@ -226,7 +226,8 @@ def msrun_env(environ) -> dict:
     env = dict(environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.setdefault("GLOG_v", "3")
-    if not any(key in env for key in HEARTBEAT_INTERVAL):  # (one bound alone would not match our other one)
+    if not any(env.get(key) for key in HEARTBEAT_INTERVAL):  # (one bound alone would not match our other one;
+        # an empty value is unset for MindSpore too)
         env.update(HEARTBEAT_INTERVAL)
     return env
 
