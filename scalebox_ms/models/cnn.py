@@ -106,8 +106,10 @@ class NatureCNN(nn.Cell):
         for (k, s), cell in zip(KERNELS, [m for m in self.conv.cells() if isinstance(m, Conv)]):
             h, w = (h - k) // s + 1, (w - k) // s + 1
             patches = in_c * k * k
-            sizes += [patches * h * w] + ([patches * cell.out_channels] if cell.im2col else []) + [
-                cell.out_channels * h * w]
+            sizes.append(patches * h * w)
+            if cell.im2col:
+                sizes.append(patches * cell.out_channels)  # the weight broadcast over the batch
+            sizes.append(cell.out_channels * h * w)
             in_c = cell.out_channels
         return sizes + [self.features_dim]
 
