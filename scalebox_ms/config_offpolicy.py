@@ -53,6 +53,9 @@ class DQNConfig:
     exploration_final_eps: float = 0.05
     max_grad_norm: float = 10.0
     adam_eps: float = 1e-8
+    #: the optimizer step (global-norm check/clip + Adam): 'builtin' (MindSpore graph ops), 'custom' (one C++
+    #: kernel, CPU, float32) or 'auto' (custom where it can run, else builtin). Not an SB3 key.
+    optimizer_kernel: str = "auto"
     #: greedy actions between training phases from a numpy copy of the Q-network (synced after every phase)
     #: instead of one compiled graph call per env step: true, false, or 'auto' (an MLP of at most
     #: HOST_ACTING_MAX_MACS multiply-adds per observation). Not an SB3 key.
@@ -82,6 +85,9 @@ class SACConfig:
     #: std of Gaussian noise added to the sampled action in [-1, 1] space (null: none)
     action_noise: Optional[float] = None
     adam_eps: float = 1e-8
+    #: the optimizer step (global-norm check/clip + Adam): 'builtin' (MindSpore graph ops), 'custom' (one C++
+    #: kernel, CPU, float32) or 'auto' (custom where it can run, else builtin). Not an SB3 key.
+    optimizer_kernel: str = "auto"
 
 
 @dataclass
@@ -101,6 +107,9 @@ class TD3Config:
     target_policy_noise: float = 0.2
     target_noise_clip: float = 0.5
     adam_eps: float = 1e-8
+    #: the optimizer step (global-norm check/clip + Adam): 'builtin' (MindSpore graph ops), 'custom' (one C++
+    #: kernel, CPU, float32) or 'auto' (custom where it can run, else builtin). Not an SB3 key.
+    optimizer_kernel: str = "auto"
 
 
 def _check(ok: bool, key: str, msg: str) -> None:
@@ -120,6 +129,8 @@ def _check_common(name: str, o) -> None:
     _check(o.gradient_steps >= 1 or o.gradient_steps == -1, f"{name}.gradient_steps",
            f"must be >= 1, or -1 (as many as env steps per phase), got {short_repr(o.gradient_steps)}")
     _check(o.adam_eps > 0, f"{name}.adam_eps", f"must be > 0, got {short_repr(o.adam_eps)}")
+    _check(o.optimizer_kernel in ("builtin", "custom", "auto"), f"{name}.optimizer_kernel",
+           f"must be 'builtin', 'custom' or 'auto', got {short_repr(o.optimizer_kernel)}")
     noise = getattr(o, "action_noise", None)
     _check(noise is None or noise >= 0, f"{name}.action_noise",
            f"must be >= 0 (std of Gaussian noise in [-1, 1] action space) or null, got {short_repr(noise)}")
@@ -192,6 +203,8 @@ def check_off_policy(cfg) -> None:
                                               else "no Gaussian policy head)"))
     _check(not cfg.env.normalize_reward, "env.normalize_reward",
            f"not supported with algo {algo} (rewards go into the replay buffer unscaled)")
+    _check(cfg.algo_config.optimizer_kernel != "custom" or cfg.amp.level == "O0", f"{algo}.optimizer_kernel",
+           f"custom computes in float32 without a loss scale, not with amp.level {cfg.amp.level}; use builtin or auto")
     par = cfg.parallel
     _check(par.workers == 1, "parallel.workers",
            f"data parallelism is not supported with algo {algo} yet (one process; see docs/off_policy.md)")

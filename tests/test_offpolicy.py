@@ -121,17 +121,21 @@ class _MaskedAdd:
 
 
 # ---------------------------------------------------------------------- the compiled phase vs a slow reference
-def test_dqn_phase_matches_step_by_step_reference():
+@pytest.mark.parametrize("kernel", ["builtin", "custom"])
+def test_dqn_phase_matches_step_by_step_reference(kernel):
     """Replay add (masked), 3 in-graph gradient steps and the target copy equal a plain PyNative loop over the
-    same batches with a numpy Adam (MindSpore's Adam formula)."""
+    same batches with a numpy Adam (MindSpore's Adam formula), with the optimizer step as graph ops or as the C++
+    kernel (and the phase's TD targets computed in one batched pass before its steps)."""
     import mindspore as ms
     from mindspore import Tensor, ops
 
     from scalebox_ms.models.offpolicy import QNetwork
     from scalebox_ms.trainers import make_trainer
 
-    cfg = dqn_config(train_freq=32, gradient_steps=3, learning_starts=0, learning_rate=0.01, max_grad_norm=0.5)
+    cfg = dqn_config(train_freq=32, gradient_steps=3, learning_starts=0, learning_rate=0.01, max_grad_norm=0.5,
+                     optimizer_kernel=kernel)
     t = make_trainer(cfg)
+    assert t.optimizer_kernel == (kernel == "custom") and t.phase.batched_targets
     T, rng = 64, np.random.default_rng(1)
     obs, nxt = rng.standard_normal((2, T, 4)).astype(np.float32)
     act = rng.integers(0, 2, T).astype(np.int32)

@@ -173,6 +173,13 @@ class AdamGroup(nn.Cell):
         self.step = Parameter(Tensor(0.0, ms.float32), name=f"{prefix}.step", requires_grad=False)
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
         self.adam = ops.Adam()
+        self.kernel = None  # a GuardedAdamKernel: guarded_update's arithmetic as one C++ kernel (set_kernel)
+
+    def set_kernel(self, kernel) -> None:
+        """Run :func:`guarded_update` on this group through ``kernel`` (an
+        :class:`~scalebox_ms.ops.custom.guarded_adam.GuardedAdamKernel`, or None for the graph ops); before the
+        first compile of a graph that updates the group."""
+        self.kernel = kernel
 
     def apply(self, grads, lr):
         step = self.step + 1.0
@@ -206,7 +213,10 @@ def guarded_update(optimizer, grads, loss, lr, max_grad_norm=None, inv_scale=Non
     gradient norm doubles as the finiteness check, a non-finite step applies zero gradients at learning rate 0,
     so the weights stay untouched (Adam's moments decay by one step and its step counter advances). With
     ``max_grad_norm`` the gradients are clipped to it first (torch's ``clip_grad_norm_``). ``inv_scale`` (AMP)
-    unscales gradients of a loss multiplied by the loss scale; an overflow is a non-finite step."""
+    unscales gradients of a loss multiplied by the loss scale; an overflow is a non-finite step. With the group's
+    ``kernel`` set (float32, no loss scale) all of it runs as one C++ kernel (``ops/custom/guarded_adam.cc``)."""
+    if inv_scale is None and optimizer.kernel is not None:  # (static) the same arithmetic as one C++ kernel
+        return optimizer.kernel(optimizer, grads, loss, lr, max_grad_norm)
     if inv_scale is not None:
         grads = tuple(g * inv_scale for g in grads)
     flat = ops.concat([g.reshape(-1) for g in grads])
@@ -242,6 +252,12 @@ class Learner(nn.Cell):
     and grows it after ``growth_interval`` clean steps."""
 
     mixed = False  # (a bool: graph code branches on it statically)
+
+    def batches_targets(self, rows: int) -> bool:
+        """Whether a training phase of ``rows`` sampled transitions may compute all its TD targets in one pass
+        before its gradient steps (``td_target`` + ``train_on_targets``; see ``offpolicy_graph.add_and_train``):
+        only where the target depends on nothing a gradient step changes (DQN). The default: no."""
+        return False
 
     def use_amp(self, amp, networks) -> None:
         from ..amp import LossScaler

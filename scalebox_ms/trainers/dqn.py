@@ -26,14 +26,16 @@ from ..models.offpolicy import AdamGroup, Learner, QNetwork, cnn_kwargs, guarded
 from .offpolicy import OffPolicyTrainer
 
 
-class _TDLoss(nn.Cell):
-    def __init__(self, q, q_target, gamma: float):
-        super().__init__(auto_prefix=False)
-        self.q, self.q_target, self.gamma = q, q_target, gamma
+#: most bytes a phase's batched TD-target pass may hold (its sampled observations and target-network activations)
+BATCHED_TARGETS_MAX_BYTES = 256 * 2**20
 
-    def construct(self, obs, action, reward, next_obs, terminated, scale):
-        next_q = ops.stop_gradient(ops.amax(self.q_target(next_obs), 1))
-        y = reward + self.gamma * (1.0 - terminated) * next_q
+
+class _TDLoss(nn.Cell):
+    def __init__(self, q):
+        super().__init__(auto_prefix=False)
+        self.q = q
+
+    def construct(self, obs, action, y, scale):
         q = ops.gather_elements(self.q(obs), 1, action.reshape((-1, 1)))[:, 0]
         loss = ops.smooth_l1_loss(q, y, beta=1.0, reduction="mean")  # Huber: one fused kernel and its grad
         return loss * scale, loss, q.mean()  # (differentiated: the loss times the AMP loss scale, 1 in float32)
@@ -60,8 +62,15 @@ class DQNLearner(Learner):
         self.max_grad_norm = float(cfg.max_grad_norm)
         if amp is not None:
             self.use_amp(amp, [self.q, self.q_target])
-        self.grad_fn = ms.value_and_grad(_TDLoss(self.q, self.q_target, float(cfg.gamma)), None,
-                                         self.optimizer.params, has_aux=True)
+        self.gamma = float(cfg.gamma)
+        self.grad_fn = ms.value_and_grad(_TDLoss(self.q), None, self.optimizer.params, has_aux=True)
+        self.widths = [spec.obs_dim] + list(policy_cfg.vf_layers) + [spec.action_dim]
+
+    def batches_targets(self, rows: int) -> bool:
+        """An MLP Q-network: the target network is fixed during a phase (its updates run in :meth:`before_phase`),
+        so the phase's TD targets are computed in one pass, if its observations and activations for ``rows``
+        transitions fit BATCHED_TARGETS_MAX_BYTES (image observations: per gradient step)."""
+        return self.features is None and rows * 4 * (sum(self.widths) + self.widths[0]) <= BATCHED_TARGETS_MAX_BYTES
 
     def before_phase(self, n_target):
         """The target updates of the env steps collected since the last phase (SB3 does them while collecting)."""
@@ -71,8 +80,17 @@ class DQNLearner(Learner):
             k = k + 1
         return k
 
+    def td_target(self, reward, next_obs, terminated):
+        """y = r + gamma (1 - d) max_a' Q_target(s', a') (no gradient)."""
+        next_q = ops.amax(self.q_target(next_obs), 1)
+        return ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * next_q)
+
     def train_step(self, obs, action, reward, next_obs, terminated, noise, i, lr):
-        (_, loss, q_mean), grads = self.grad_fn(obs, action, reward, next_obs, terminated, self.scale())
+        return self.train_on_targets(obs, action, self.td_target(reward, next_obs, terminated), lr)
+
+    def train_on_targets(self, obs, action, y, lr):
+        """One gradient step of the Huber loss of Q(s, a) against the TD targets ``y``."""
+        (_, loss, q_mean), grads = self.grad_fn(obs, action, y, self.scale())
         ok = guarded_update(self.optimizer, grads, loss, lr, self.max_grad_norm, self.inv_scale())  # (non-finite:
         self.end_step(ok)                                                                          # untouched)
         return ops.stack([loss, q_mean, 1.0 - ok.astype(ms.float32)])

@@ -168,3 +168,41 @@ def select_update_kernel(config, model, optimizer, amp, world_size: int, device:
         return None
     _report("ppo.update_kernel", choice, "C++ kernel", "CPU, float32, one process, settings it implements")
     return kernel
+
+
+def select_optimizer_kernel(config, learner, amp, device: str) -> bool:
+    """Per ``<algo>.optimizer_kernel`` (off-policy), put a :class:`GuardedAdamKernel` on every
+    :class:`~scalebox_ms.models.offpolicy.AdamGroup` of ``learner`` (before its graphs compile); returns whether
+    the kernel runs. ``custom`` that cannot run raises (ConfigError / CustomOpError); ``auto`` then keeps the graph
+    ops. The choice is logged."""
+    from ..models.offpolicy import AdamGroup
+
+    key = f"{config.algo}.optimizer_kernel"
+    choice = config.algo_config.optimizer_kernel
+    if choice == "builtin":
+        _report(key, choice, "graph ops", "as configured")
+        return False
+    blockers = []
+    if device != "CPU":
+        blockers.append(f"the {device} backend (the kernel is CPU code)")
+    if amp is not None:
+        blockers.append(f"amp.level {amp.level} (the kernel computes in float32 without a loss scale)")
+    if blockers and choice == "custom":
+        raise ConfigError(f"{key}: custom cannot run with {blockers[0]}; use builtin or auto")
+    if blockers:
+        _report(key, choice, "graph ops", "; ".join(blockers))
+        return False
+    from ..ops.custom.guarded_adam import GuardedAdamKernel
+
+    groups = [cell for _, cell in learner.cells_and_names() if isinstance(cell, AdamGroup)]
+    try:
+        kernels = [GuardedAdamKernel(group) for group in groups]
+    except CustomOpError as exc:
+        if choice == "custom":
+            raise CustomOpError(f"{key}: custom: {exc}") from None
+        _report(key, choice, "graph ops", f"the C++ kernel cannot be built: {exc}", fallback=True)
+        return False
+    for group, kernel in zip(groups, kernels):
+        group.set_kernel(kernel)
+    _report(key, choice, "C++ kernel", f"CPU, float32; {len(groups)} optimizer(s)")
+    return True

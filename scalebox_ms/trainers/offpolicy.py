@@ -37,6 +37,7 @@ from ..config_offpolicy import space_refusal
 from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
 from .core import Callback, Trainer
+from .kernels import select_optimizer_kernel
 from .offpolicy_graph import NONFINITE_LIMIT, DeployActor, NativeCycle, PolicyCall, TrainingPhase
 
 
@@ -99,11 +100,14 @@ class OffPolicyTrainer(Trainer):
         self.replay_row_bytes = row
         self.learner = self.learner_class(spec, cfg.policy, o, amp=self.amp)
         self.model = self.learner
+        self.optimizer_kernel = select_optimizer_kernel(cfg, self.learner, self.amp, getattr(self.sandbox, "device",
+                                                                                            "CPU"))
         self.replay = ReplayBuffer(o.buffer_size, fields, spare_row=True)
         normalize = c.obs_normalizer is not None
-        self.phase = TrainingPhase(self.learner, self.replay, normalize)
+        batched = self.learner.batches_targets(self.gradient_steps * o.batch_size)
+        self.phase = TrainingPhase(self.learner, self.replay, normalize, batched)
         self.native_cycle = (NativeCycle(self.learner, self.replay, c.env, o.train_freq, normalize,
-                                         self.spec.discrete) if c.compiled else None)
+                                         self.spec.discrete, batched) if c.compiled else None)
         self.policy_call = PolicyCall(self.learner, deterministic=False)
         self.deterministic_call = PolicyCall(self.learner, deterministic=True)
         self._values = ParameterValues([("model." + n, p) for n, p in self.learner.parameters_and_names()])

@@ -13,11 +13,27 @@ from ..ops.clip import normalize_obs
 
 def add_and_train(cell, items, valid, n_grad, n_target, u, noise, lr, obs_mean, obs_inv_std, obs_clip):
     """Graph code shared by both phase cells: replay add, the learner's target updates, then ``n_grad`` gradient
-    steps, each on a batch sampled inside the graph; returns the summed statistics."""
+    steps, each on a batch sampled inside the graph; returns the summed statistics.
+
+    With ``cell.batched_targets`` (a learner whose TD target depends only on networks that stay fixed during the
+    phase: DQN's target network, see ``DQNLearner.batches_targets``) all ``u.shape[0]`` batches are sampled at
+    once and their targets computed in one batched pass before the loop: the same batches and targets as
+    sampling per step, with a quarter fewer kernels per gradient step."""
     cell.replay.add_masked(items, valid)
     cell.learner.before_phase(n_target)
     acc = ops.zeros((cell.n_stats,), ms.float32)
     i = ops.zeros((), ms.int32)
+    if cell.batched_targets:  # (DQN: every batch of the phase sampled and its TD targets computed in one pass)
+        G, b = u.shape
+        obs, action, reward, next_obs, terminated = cell.replay.gather(u.reshape((-1,)))
+        obs = normalize_obs(cell.normalize, obs, obs_mean, obs_inv_std, obs_clip)
+        next_obs = normalize_obs(cell.normalize, next_obs, obs_mean, obs_inv_std, obs_clip)
+        y = cell.learner.td_target(reward, next_obs, terminated).reshape((G, b))
+        obs, action = obs.reshape((G, b) + obs.shape[1:]), action.reshape((G, b) + action.shape[1:])
+        while i < n_grad:
+            acc = acc + cell.learner.train_on_targets(obs[i], action[i], y[i], lr)
+            i = i + 1
+        return acc
     while i < n_grad:
         obs, action, reward, next_obs, terminated = cell.replay.gather(u[i])
         obs = normalize_obs(cell.normalize, obs, obs_mean, obs_inv_std, obs_clip)
@@ -34,10 +50,11 @@ class TrainingPhase(nn.Cell):
     """``(items, valid, n_grad, n_target, u, noise, lr, obs_mean, obs_inv_std, obs_clip, act_obs, act_noise)`` ->
     ``(policy output for act_obs, summed statistics of the gradient steps)``, one compiled call."""
 
-    def __init__(self, learner, replay, normalize: bool):
+    def __init__(self, learner, replay, normalize: bool, batched_targets: bool = False):
         super().__init__(auto_prefix=False)
         self.learner, self.replay, self.normalize = learner, replay, normalize
         self.n_stats = len(learner.STATS)
+        self.batched_targets = bool(batched_targets)
 
     @ms.jit
     def construct(self, items, valid, n_grad, n_target, u, noise, lr, obs_mean, obs_inv_std, obs_clip, act_obs,
@@ -57,10 +74,12 @@ class NativeCycle(nn.Cell):
     Returns (statistics, last raw obs); the host reads the staged steps (``obs_raw``, ``rewards``, ``terminated``,
     ``truncated``, ``valid``) for the episode and observation statistics."""
 
-    def __init__(self, learner, replay, env, n_steps: int, normalize: bool, discrete: bool):
+    def __init__(self, learner, replay, env, n_steps: int, normalize: bool, discrete: bool,
+                 batched_targets: bool = False):
         super().__init__(auto_prefix=False)
         from ..buffers.device import _param
 
+        self.batched_targets = bool(batched_targets)
         T, N = int(n_steps), env.num_envs
         D = env.single_observation_space.shape[0]
         self.learner, self.replay, self.normalize, self.discrete = learner, replay, normalize, discrete
