@@ -147,9 +147,10 @@ class ReplayBuffer(nn.Cell):
         return new_size
 
     def gather(self, u):
-        """Items at indices ``floor(u * len(self))`` for u in [0, 1): uniform sampling with replacement."""
-        n = ops.maximum(self.size, 1).astype(ms.float32)
-        idx = ops.minimum(ops.floor(u * n).astype(ms.int32), self.size - 1)
+        """Items at indices ``floor(u * len(self))`` for u in [0, 1): uniform sampling with replacement (row 0,
+        never written, of an empty buffer: a phase's batched sampling runs before it knows whether it trains)."""
+        size = ops.maximum(self.size, 1)
+        idx = ops.minimum(ops.floor(u * size.astype(ms.float32)).astype(ms.int32), size - 1)
         return tuple(ops.gather(field, idx, 0) for field in self.fields)
 
     # -- host API ----------------------------------------------------------------------------------

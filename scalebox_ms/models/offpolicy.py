@@ -106,7 +106,8 @@ class TwinCritic(nn.Cell):
 
     def construct(self, obs, action):
         x = ops.concat([_encode(self.features, obs), action], 1)
-        return self.qf0(x)[:, 0].astype(ms.float32), self.qf1(x)[:, 0].astype(ms.float32)
+        # (reshape, not [:, 0]: a slice is a copy kernel on CPU, and its gradient another)
+        return self.qf0(x).reshape((-1,)).astype(ms.float32), self.qf1(x).reshape((-1,)).astype(ms.float32)
 
 
 class SquashedGaussianActor(nn.Cell):

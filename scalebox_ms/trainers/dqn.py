@@ -36,7 +36,7 @@ class _TDLoss(nn.Cell):
         self.q = q
 
     def construct(self, obs, action, y, scale):
-        q = ops.gather_elements(self.q(obs), 1, action.reshape((-1, 1)))[:, 0]
+        q = ops.gather_elements(self.q(obs), 1, action.reshape((-1, 1))).reshape((-1,))
         loss = ops.smooth_l1_loss(q, y, beta=1.0, reduction="mean")  # Huber: one fused kernel and its grad
         return loss * scale, loss, q.mean()  # (differentiated: the loss times the AMP loss scale, 1 in float32)
 

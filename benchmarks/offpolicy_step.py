@@ -1,0 +1,116 @@
+"""Time of one off-policy gradient step inside the compiled training phase, per implementation choice.
+
+For each task the preset's trainer collects ``--collect`` env steps of random actions (``learning_starts`` is set
+past them, so no gradient step runs), then its training phase is called ``--calls`` times with fixed, freshly
+drawn inputs and ``gradient_steps`` gradient steps each; reported: the median (and min) ms per gradient step of
+the calls after the first two, for
+
+* ``builtin``  ``<algo>.optimizer_kernel: builtin`` (the optimizer step as MindSpore graph ops);
+* ``custom``   ``<algo>.optimizer_kernel: custom`` (the optimizer step as one C++ kernel, ops/custom/guarded_adam.cc);
+* DQN also ``custom, per-step targets``: the kernel, with the TD targets computed per gradient step instead of
+  once per phase (``DQNLearner.batches_targets`` patched off), and ``builtin, per-step targets`` (neither
+  change: the code before both).
+
+Each configuration runs in its own fresh process, one after another. Tasks: ``dqn_cartpole``
+(configs/dqn_cartpole.yaml: 256x256 Q-network, batch 64, 128 gradient steps per phase) and ``sac_pendulum``
+(configs/sac_pendulum.yaml: 256x256 actor and critics, batch 256; phases of 1 gradient step, so the phase call's
+fixed cost is included).
+
+Usage:  python benchmarks/offpolicy_step.py [--tasks dqn_cartpole sac_pendulum] [--calls 30]
+        [--out benchmarks/results/offpolicy_step.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+TASKS = {"dqn_cartpole": "dqn_cartpole.yaml", "sac_pendulum": "sac_pendulum.yaml"}
+VARIANTS = {"dqn_cartpole": [("builtin", True), ("custom", True), ("custom", False), ("builtin", False)],
+            "sac_pendulum": [("builtin", True), ("custom", True)]}
+
+
+def worker(task: str, kernel: str, batched: bool, calls: int, collect: int) -> dict:
+    import time
+
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor
+
+    from scalebox_ms.config import load_config
+    from scalebox_ms.trainers import make_trainer
+    from scalebox_ms.trainers.dqn import DQNLearner
+
+    if not batched:
+        DQNLearner.batches_targets = lambda self, rows: False
+    cfg = load_config(os.path.join(REPO, "configs", TASKS[task]))
+    o = cfg.algo_config
+    o.optimizer_kernel = kernel
+    o.learning_starts = collect + 1000
+    cfg.run.progress = False
+    t = make_trainer(cfg)
+    t.learn(until=collect)
+    rng = np.random.default_rng(0)
+    T, N = t._phase_steps, t.num_envs
+    act_shape, act_dtype = t._replay_action_spec()
+    rows = T * N
+    empty = ms.mutable((Tensor(np.zeros((rows,) + t.spec.obs_shape, np.float32)),
+                        Tensor(np.zeros((rows,) + act_shape, act_dtype)), Tensor(np.zeros(rows, np.float32)),
+                        Tensor(np.zeros((rows,) + t.spec.obs_shape, np.float32)), Tensor(np.zeros(rows, np.float32))))
+    mean, inv_std, clip = t._obs_stats()
+    G, b = t.gradient_steps, o.batch_size
+    times = []
+    for _ in range(calls):
+        args = (empty, Tensor(np.zeros(rows, np.int32)), Tensor(np.int32(G)), Tensor(np.int32(0)),
+                Tensor(rng.random((G, b), dtype=np.float32)), Tensor(t._train_noise(rng, G, b)),
+                Tensor(np.float32(o.learning_rate)), Tensor(mean), Tensor(inv_std), Tensor(clip), Tensor(t.collector.obs),
+                Tensor(t._act_noise_or_zeros(rng, N)))
+        t0 = time.perf_counter()
+        _, acc = t.phase(*args)
+        acc.asnumpy()
+        times.append((time.perf_counter() - t0) * 1e3 / G)
+    kept = sorted(times[2:])
+    return {"task": task, "optimizer_kernel": kernel, "batched_targets": bool(t.phase.batched_targets),
+            "kernel_used": bool(t.optimizer_kernel), "gradient_steps_per_call": G, "calls": len(kept),
+            "median_ms_per_step": kept[len(kept) // 2], "min_ms_per_step": kept[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--collect", type=int, default=3000, help="env steps of random actions before timing")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "offpolicy_step.json"))
+    ap.add_argument("--worker", nargs=3, metavar=("TASK", "KERNEL", "BATCHED"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        task, kernel, batched = args.worker
+        print(json.dumps(worker(task, kernel, batched == "1", args.calls, args.collect)))
+        return
+    from scalebox_ms.fileio import atomic_write_json
+
+    rows = []
+    for task in args.tasks:
+        for kernel, batched in VARIANTS[task]:
+            with tempfile.TemporaryDirectory() as tmp:  # (MindSpore writes its caches into the working directory)
+                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--calls", str(args.calls),
+                                       "--collect", str(args.collect), "--worker", task, kernel, str(int(batched))],
+                                      cwd=tmp, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                sys.exit(f"{task} {kernel}: worker failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append(row)
+            label = kernel + ("" if row["batched_targets"] or task != "dqn_cartpole" else ", per-step targets")
+            print(f"{task:14s} {label:28s} {row['median_ms_per_step']:7.3f} ms/step (min {row['min_ms_per_step']:.3f})",
+                  flush=True)
+    atomic_write_json(args.out, {"rows": rows})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
