@@ -6,7 +6,7 @@ drawn inputs and ``gradient_steps`` gradient steps each; reported: the median (a
 the calls after the first two, for
 
 * ``builtin``  ``<algo>.optimizer_kernel: builtin`` (the optimizer step as MindSpore graph ops);
-* ``custom``   ``<algo>.optimizer_kernel: custom`` (the optimizer step as one C++ kernel, ops/custom/guarded_adam.cc);
+* ``custom``   ``<algo>.optimizer_kernel: custom`` (the optimizer step as one C++ kernel, ops/custom/offpolicy_optim.cc);
 * DQN also ``custom, per-step targets``: the kernel, with the TD targets computed per gradient step instead of
   once per phase (``DQNLearner.batches_targets`` patched off), and ``builtin, per-step targets`` (neither
   change: the code before both).

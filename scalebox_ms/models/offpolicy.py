@@ -178,7 +178,7 @@ class AdamGroup(nn.Cell):
 
     def set_kernel(self, kernel) -> None:
         """Run :func:`guarded_update` on this group through ``kernel`` (an
-        :class:`~scalebox_ms.ops.custom.guarded_adam.GuardedAdamKernel`, or None for the graph ops); before the
+        :class:`~scalebox_ms.ops.custom.offpolicy_optim.GuardedAdamKernel`, or None for the graph ops); before the
         first compile of a graph that updates the group."""
         self.kernel = kernel
 
@@ -199,8 +199,12 @@ class AdamGroup(nn.Cell):
         return list(self.m) + list(self.v) + [self.step]
 
 
-def polyak(targets, sources, tau):
-    """target <- (1 - tau) * target + tau * source for every pair (graph code)."""
+def polyak(targets, sources, tau, kernel=None):
+    """target <- (1 - tau) * target + tau * source for every pair (graph code); with ``kernel`` (a
+    :class:`~scalebox_ms.ops.custom.offpolicy_optim.PolyakKernel`, the learner's ``polyak_kernel``) as one C++
+    kernel call, bit-identical."""
+    if kernel is not None:  # (static)
+        return kernel(targets, sources, tau)
     done = []
     for t, s in zip(targets, sources):
         done.append(ops.assign(t, t * (1.0 - tau) + s * tau))
@@ -215,7 +219,7 @@ def guarded_update(optimizer, grads, loss, lr, max_grad_norm=None, inv_scale=Non
     so the weights stay untouched (Adam's moments decay by one step and its step counter advances). With
     ``max_grad_norm`` the gradients are clipped to it first (torch's ``clip_grad_norm_``). ``inv_scale`` (AMP)
     unscales gradients of a loss multiplied by the loss scale; an overflow is a non-finite step. With the group's
-    ``kernel`` set (float32, no loss scale) all of it runs as one C++ kernel (``ops/custom/guarded_adam.cc``)."""
+    ``kernel`` set (float32, no loss scale) all of it runs as one C++ kernel (``ops/custom/offpolicy_optim.cc``)."""
     if inv_scale is None and optimizer.kernel is not None:  # (static) the same arithmetic as one C++ kernel
         return optimizer.kernel(optimizer, grads, loss, lr, max_grad_norm)
     if inv_scale is not None:
@@ -253,6 +257,10 @@ class Learner(nn.Cell):
     and grows it after ``growth_interval`` clean steps."""
 
     mixed = False  # (a bool: graph code branches on it statically)
+
+    def __init__(self):
+        super().__init__()
+        self.polyak_kernel = None  # a PolyakKernel over (target_params, online_params): target updates as one kernel
 
     def batches_targets(self, rows: int) -> bool:
         """Whether a training phase of ``rows`` sampled transitions may compute all its TD targets in one pass

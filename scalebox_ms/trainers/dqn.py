@@ -76,7 +76,7 @@ class DQNLearner(Learner):
         """The target updates of the env steps collected since the last phase (SB3 does them while collecting)."""
         k = ops.zeros((), ms.int32)
         while k < n_target:
-            polyak(self.target_params, self.online_params, self.tau)
+            polyak(self.target_params, self.online_params, self.tau, self.polyak_kernel)
             k = k + 1
         return k
 

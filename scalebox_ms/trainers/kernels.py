@@ -171,10 +171,11 @@ def select_update_kernel(config, model, optimizer, amp, world_size: int, device:
 
 
 def select_optimizer_kernel(config, learner, amp, device: str) -> bool:
-    """Per ``<algo>.optimizer_kernel`` (off-policy), put a :class:`GuardedAdamKernel` on every
-    :class:`~scalebox_ms.models.offpolicy.AdamGroup` of ``learner`` (before its graphs compile); returns whether
-    the kernel runs. ``custom`` that cannot run raises (ConfigError / CustomOpError); ``auto`` then keeps the graph
-    ops. The choice is logged."""
+    """Per ``<algo>.optimizer_kernel`` (off-policy), run the update arithmetic after the gradients as C++ kernels
+    (``ops/custom/offpolicy_optim.cc``): a :class:`GuardedAdamKernel` on every
+    :class:`~scalebox_ms.models.offpolicy.AdamGroup` of ``learner`` and a :class:`PolyakKernel` for its target
+    updates (``learner.polyak_kernel``), set before its graphs compile; returns whether they run. ``custom`` that
+    cannot run raises (ConfigError / CustomOpError); ``auto`` then keeps the graph ops. The choice is logged."""
     from ..models.offpolicy import AdamGroup
 
     key = f"{config.algo}.optimizer_kernel"
@@ -192,11 +193,12 @@ def select_optimizer_kernel(config, learner, amp, device: str) -> bool:
     if blockers:
         _report(key, choice, "graph ops", "; ".join(blockers))
         return False
-    from ..ops.custom.guarded_adam import GuardedAdamKernel
+    from ..ops.custom.offpolicy_optim import GuardedAdamKernel, PolyakKernel
 
     groups = [cell for _, cell in learner.cells_and_names() if isinstance(cell, AdamGroup)]
     try:
         kernels = [GuardedAdamKernel(group) for group in groups]
+        polyak = PolyakKernel(learner.target_params, learner.online_params)
     except CustomOpError as exc:
         if choice == "custom":
             raise CustomOpError(f"{key}: custom: {exc}") from None
@@ -204,5 +206,6 @@ def select_optimizer_kernel(config, learner, amp, device: str) -> bool:
         return False
     for group, kernel in zip(groups, kernels):
         group.set_kernel(kernel)
-    _report(key, choice, "C++ kernel", f"CPU, float32; {len(groups)} optimizer(s)")
+    learner.polyak_kernel = polyak
+    _report(key, choice, "C++ kernel", f"CPU, float32; {len(groups)} optimizer(s) and the target updates")
     return True

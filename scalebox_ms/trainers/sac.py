@@ -124,9 +124,9 @@ class SACLearner(Learner):
             alpha_ok = guarded_update(self.alpha_optimizer, alpha_grads, alpha_loss, lr, None, inv_scale)
         self.end_step(ops.logical_and(alpha_ok, ops.logical_and(critic_ok, actor_ok)))
         if self.target_every == 1:  # (static: no graph branch in the common case)
-            polyak(self.target_params, self.online_params, self.tau)
+            polyak(self.target_params, self.online_params, self.tau, self.polyak_kernel)
         elif i % self.target_every == 0:
-            polyak(self.target_params, self.online_params, self.tau)
+            polyak(self.target_params, self.online_params, self.tau, self.polyak_kernel)
         bad = 1.0 - ops.logical_and(critic_ok, actor_ok).astype(ms.float32)
         return ops.stack([critic_loss, actor_loss, alpha, alpha_loss, q_mean, -mean_log_prob, bad])
 

@@ -99,7 +99,7 @@ class TD3Learner(Learner):
         if delayed:
             (_, actor_loss), actor_grads = self.actor_grad(obs, scale)
             actor_ok = guarded_update(self.actor_optimizer, actor_grads, actor_loss, lr, None, inv_scale)
-            polyak(self.target_params, self.online_params, self.tau)
+            polyak(self.target_params, self.online_params, self.tau, self.polyak_kernel)
         self.end_step(ops.logical_and(ok, actor_ok))
         return ops.stack([critic_loss, actor_loss, q_mean, delayed.astype(ms.float32),
                           1.0 - ok.astype(ms.float32)])

@@ -6,11 +6,11 @@ global gradient norm (a non-finite loss or gradient skips the step), the optiona
 MindSpore's fused Adam per Parameter -- about 30 MindSpore kernels per update on CPU (a concat, a square sum,
 a multiply and a select per gradient, the scalar checks, one Adam per Parameter), each with its launch cost.
 With an ``AdamGroup``'s ``kernel`` set to this Cell, ``guarded_update`` runs the same arithmetic as one aot kernel
-(``guarded_adam.cc``): the gradients still come from MindSpore's autodiff, only the optimizer's elementwise
+(``offpolicy_optim.cc``): the gradients still come from MindSpore's autodiff, only the optimizer's elementwise
 arithmetic moves, so the algorithms' maths stays in their Python modules.
 
 Results equal the graph reference up to float rounding: the kernel sums the squared gradients in double, so the
-clip coefficient (and with it every update that clips) can differ in its last bits (tests/test_guarded_adam.py
+clip coefficient (and with it every update that clips) can differ in its last bits (tests/test_offpolicy_kernels.py
 compares both paths). A non-finite step does what the reference does: zero gradients at learning rate 0 (the
 moments decay by one step, the step counter advances, the weights stay).
 
@@ -31,15 +31,22 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from ...errors import CustomOpError
-from .build import KERNELS, SETTINGS, func_spec
+from .build import KERNELS, SETTINGS, func_spec, library_path
 
-KERNEL = "guarded_adam"
-KERNELS.setdefault(KERNEL, ("guarded_adam.cc", "GuardedAdam"))  # registered here: build.py is shared code
+KERNEL = "offpolicy_optim"
+KERNELS.setdefault(KERNEL, ("offpolicy_optim.cc", "GuardedAdam"))  # registered here: build.py is shared code
 SETTINGS.setdefault(KERNEL, "<algo>.optimizer_kernel")
+POLYAK_SYMBOL = "PolyakUpdate"  # the file's second entry point
 
 
 def _fail(msg: str):
     raise CustomOpError(f"custom op {KERNEL!r}: {msg}")
+
+
+def _check_cpu():
+    target = ms.get_context("device_target")
+    if target != "CPU":
+        _fail(f"the C++ kernel runs on CPU only, not {target}; use the graph (optimizer_kernel: builtin)")
 
 
 class GuardedAdamKernel(nn.Cell):
@@ -50,9 +57,7 @@ class GuardedAdamKernel(nn.Cell):
 
     def __init__(self, group):
         super().__init__(auto_prefix=False)
-        target = ms.get_context("device_target")
-        if target != "CPU":
-            _fail(f"the C++ kernel runs on CPU only, not {target}; use the graph (optimizer_kernel: builtin)")
+        _check_cpu()
         for p in list(group.params) + list(group.m) + list(group.v) + [group.step]:
             if p.dtype != ms.float32:
                 _fail(f"parameter {p.name} is {p.dtype}, needs float32")
@@ -68,3 +73,23 @@ class GuardedAdamKernel(nn.Cell):
         ok = self.op(hyper, lr.astype(ms.float32), loss.astype(ms.float32), group.step, *group.params, *group.m,
                      *group.v, *grads)
         return ok[0] > 0.5
+
+
+class PolyakKernel(nn.Cell):
+    """``kernel(targets, sources, tau)`` (graph code, what ``models.offpolicy.polyak`` calls): ``target <- target *
+    (1 - tau) + source * tau`` for every pair, in place, as one kernel call (``PolyakUpdate``) instead of two
+    multiplies, an add and an assign per Parameter; bit-identical to the graph ops. Returns a dummy (1,) tensor."""
+
+    def __init__(self, targets, sources):
+        super().__init__(auto_prefix=False)
+        _check_cpu()
+        for t, s in zip(targets, sources):
+            if t.dtype != ms.float32 or s.dtype != ms.float32 or t.shape != s.shape:
+                _fail(f"target {t.name} and source {s.name} must be float32 of one shape")
+        self.op = ops.Custom(f"{library_path(KERNEL)}:{POLYAK_SYMBOL}", out_shape=lambda *shapes: (1,),
+                             out_dtype=lambda *dtypes: ms.float32, func_type="aot")
+        self.op.add_prim_attr("side_effect_mem", True)  # (it writes the targets: order later reads)
+
+    def construct(self, targets, sources, tau):
+        coef = Tensor(np.asarray([1.0 - tau, tau], np.float32))  # (rounded as MindSpore rounds the constants)
+        return self.op(coef, *targets, *sources)

@@ -1,8 +1,9 @@
 """Fast paths of the off-policy training phase against their references.
 
-* The optimizer step as one C++ kernel (``<algo>.optimizer_kernel``): equal to the graph ops of
-  ``guarded_update`` step by step (clipped, unclipped, non-finite gradients and losses), equal inside the DQN, SAC
-  and TD3 training phases, and chosen, refused or fallen back from as documented.
+* The update arithmetic after the gradients as C++ kernels (``<algo>.optimizer_kernel``): the optimizer step equal
+  to the graph ops of ``guarded_update`` step by step (clipped, unclipped, non-finite gradients and losses), the
+  Polyak target update bit-identical to ``polyak``'s graph ops, both equal inside the DQN, SAC and TD3 training
+  phases, and chosen, refused or fallen back from as documented.
 * DQN's batched TD targets (one target-network pass per phase) against computing them per gradient step."""
 import logging
 
@@ -18,7 +19,7 @@ def _groups(shapes, seed=0):
     from mindspore import Parameter, Tensor
 
     from scalebox_ms.models.offpolicy import AdamGroup
-    from scalebox_ms.ops.custom.guarded_adam import GuardedAdamKernel
+    from scalebox_ms.ops.custom.offpolicy_optim import GuardedAdamKernel
 
     rng = np.random.default_rng(seed)
     values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
@@ -91,6 +92,39 @@ def test_kernel_equals_the_graph_ops_step_by_step(max_grad_norm):
     assert float(ker.step.asnumpy()) == len(plan)
 
 
+@pytest.mark.parametrize("tau", [0.005, 1.0])
+def test_polyak_kernel_is_bit_identical_to_the_graph_ops(tau):
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, nn
+
+    from scalebox_ms.models.offpolicy import polyak
+    from scalebox_ms.ops.custom.offpolicy_optim import PolyakKernel
+
+    rng = np.random.default_rng(4)
+    shapes = [(32, 3), (32,), (1, 32)]
+    targets0 = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    sources = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+
+    class Update(nn.Cell):
+        def __init__(self, tag, use_kernel):
+            super().__init__()
+            self.t = ms.ParameterTuple([Parameter(Tensor(v.copy()), name=f"{tag}.t{i}") for i, v in enumerate(targets0)])
+            self.s = ms.ParameterTuple([Parameter(Tensor(v.copy()), name=f"{tag}.s{i}") for i, v in enumerate(sources)])
+            self.kernel = PolyakKernel(self.t, self.s) if use_kernel else None
+
+        @ms.jit
+        def construct(self):
+            polyak(self.t, self.s, tau, self.kernel)
+            return self.t[0].sum()
+
+    ref, ker = Update("ref", False), Update("ker", True)
+    for _ in range(3):
+        ref(), ker()
+    for a, b, t0 in zip(ref.t, ker.t, targets0):
+        np.testing.assert_array_equal(b.asnumpy(), a.asnumpy())
+        assert not np.array_equal(b.asnumpy(), t0)
+
+
 def _trainer(algo, kernel):
     from scalebox_ms.trainers import make_trainer
 
@@ -140,6 +174,7 @@ def test_training_phases_equal_with_and_without_the_kernel(algo):
     for kernel in ("builtin", "custom"):
         t = _trainer(algo, kernel)
         assert t.optimizer_kernel == (kernel == "custom")
+        assert (t.learner.polyak_kernel is not None) == (kernel == "custom")
         t.learn(until=200)  # random actions only (learning_starts 10,000): the same replay in both
         start = {n: p.asnumpy().copy() for n, p in t.learner.parameters_and_names()}
         results[kernel] = _phases(t)
@@ -211,13 +246,13 @@ def test_without_a_compiler_custom_fails_and_auto_falls_back(tmp_path, monkeypat
     base = {"algo": "td3", "env": {"id": "Pendulum-v1", "num_envs": 1}, "td3": {"buffer_size": 1000},
             "run": {"progress": False}}
     base["td3"]["optimizer_kernel"] = "custom"
-    with pytest.raises(CustomOpError, match=r"^td3\.optimizer_kernel: custom: custom op 'guarded_adam': C\+\+ "
+    with pytest.raises(CustomOpError, match=r"^td3\.optimizer_kernel: custom: custom op 'offpolicy_optim': C\+\+ "
                                             r"compiler .* not found"):
         make_trainer(Config.from_dict(base))
     base["td3"]["optimizer_kernel"] = "auto"
     with caplog.at_level(logging.INFO, logger="scalebox_ms"):
         t = make_trainer(Config.from_dict(base))
-    assert t.optimizer_kernel is False
+    assert t.optimizer_kernel is False and t.learner.polyak_kernel is None
     assert t.learner.actor_optimizer.kernel is None and t.learner.critic_optimizer.kernel is None
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "td3.optimizer_kernel auto" in r.getMessage()]
     assert warned and "cannot be built" in warned[0].getMessage()
