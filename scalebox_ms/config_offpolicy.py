@@ -53,8 +53,8 @@ class DQNConfig:
     exploration_final_eps: float = 0.05
     max_grad_norm: float = 10.0
     adam_eps: float = 1e-8
-    #: the optimizer step (global-norm check/clip + Adam): 'builtin' (MindSpore graph ops), 'custom' (one C++
-    #: kernel, CPU, float32) or 'auto' (custom where it can run, else builtin). Not an SB3 key.
+    #: the optimizer step (global-norm check/clip + Adam) and the target updates: 'builtin' (MindSpore graph ops),
+    #: 'custom' (one C++ kernel each, CPU, float32) or 'auto' (custom where it can run, else builtin). Not SB3's.
     optimizer_kernel: str = "auto"
     #: greedy actions between training phases from a numpy copy of the Q-network (synced after every phase)
     #: instead of one compiled graph call per env step: true, false, or 'auto' (an MLP of at most
@@ -85,8 +85,8 @@ class SACConfig:
     #: std of Gaussian noise added to the sampled action in [-1, 1] space (null: none)
     action_noise: Optional[float] = None
     adam_eps: float = 1e-8
-    #: the optimizer step (global-norm check/clip + Adam): 'builtin' (MindSpore graph ops), 'custom' (one C++
-    #: kernel, CPU, float32) or 'auto' (custom where it can run, else builtin). Not an SB3 key.
+    #: the optimizer step (global-norm check/clip + Adam) and the target updates: 'builtin' (MindSpore graph ops),
+    #: 'custom' (one C++ kernel each, CPU, float32) or 'auto' (custom where it can run, else builtin). Not SB3's.
     optimizer_kernel: str = "auto"
 
 
@@ -107,8 +107,8 @@ class TD3Config:
     target_policy_noise: float = 0.2
     target_noise_clip: float = 0.5
     adam_eps: float = 1e-8
-    #: the optimizer step (global-norm check/clip + Adam): 'builtin' (MindSpore graph ops), 'custom' (one C++
-    #: kernel, CPU, float32) or 'auto' (custom where it can run, else builtin). Not an SB3 key.
+    #: the optimizer step (global-norm check/clip + Adam) and the target updates: 'builtin' (MindSpore graph ops),
+    #: 'custom' (one C++ kernel each, CPU, float32) or 'auto' (custom where it can run, else builtin). Not SB3's.
     optimizer_kernel: str = "auto"
 
 
