@@ -5,8 +5,9 @@ past them, so no gradient step runs), then its training phase is called ``--call
 drawn inputs and ``gradient_steps`` gradient steps each; reported: the median (and min) ms per gradient step of
 the calls after the first two, for
 
-* ``builtin``  ``<algo>.optimizer_kernel: builtin`` (the optimizer step as MindSpore graph ops);
-* ``custom``   ``<algo>.optimizer_kernel: custom`` (the optimizer step as one C++ kernel, ops/custom/offpolicy_optim.cc);
+* ``builtin``  ``<algo>.optimizer_kernel: builtin`` (the optimizer step and target updates as MindSpore graph ops);
+* ``custom``   ``<algo>.optimizer_kernel: custom`` (the optimizer step and target updates as C++ kernels,
+  ops/custom/offpolicy_optim.cc);
 * DQN also ``custom, per-step targets``: the kernel, with the TD targets computed per gradient step instead of
   once per phase (``DQNLearner.batches_targets`` patched off), and ``builtin, per-step targets`` (neither
   change: the code before both).
@@ -68,8 +69,8 @@ def worker(task: str, kernel: str, batched: bool, calls: int, collect: int) -> d
     for _ in range(calls):
         args = (empty, Tensor(np.zeros(rows, np.int32)), Tensor(np.int32(G)), Tensor(np.int32(0)),
                 Tensor(rng.random((G, b), dtype=np.float32)), Tensor(t._train_noise(rng, G, b)),
-                Tensor(np.float32(o.learning_rate)), Tensor(mean), Tensor(inv_std), Tensor(clip), Tensor(t.collector.obs),
-                Tensor(t._act_noise_or_zeros(rng, N)))
+                Tensor(np.float32(o.learning_rate)), Tensor(mean), Tensor(inv_std), Tensor(clip),
+                Tensor(t.collector.obs), Tensor(t._act_noise_or_zeros(rng, N)))
         t0 = time.perf_counter()
         _, acc = t.phase(*args)
         acc.asnumpy()

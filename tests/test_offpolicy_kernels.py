@@ -4,8 +4,10 @@
   to the graph ops of ``guarded_update`` step by step (clipped, unclipped, non-finite gradients and losses), the
   Polyak target update bit-identical to ``polyak``'s graph ops, both equal inside the DQN, SAC and TD3 training
   phases, and chosen, refused or fallen back from as documented.
-* DQN's batched TD targets (one target-network pass per phase) against computing them per gradient step."""
+* DQN's batched TD targets (one target-network pass per phase) against computing them per gradient step.
+* A whole DQN phase (masked replay add, target copy, gradient steps) against a PyNative loop with a numpy Adam."""
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -56,8 +58,10 @@ def _state(group):
     return [p.asnumpy().copy() for p in list(group.params) + list(group.m) + list(group.v) + [group.step]]
 
 
-@pytest.mark.parametrize("max_grad_norm", [0.5, None])
+@pytest.mark.parametrize("max_grad_norm", [0.5, 1e3, None])
 def test_kernel_equals_the_graph_ops_step_by_step(max_grad_norm):
+    """0.5 clips every step (the gradients' norm is ~10), 1e3 never does (the coefficient must stay 1), None has no
+    clip. Equal up to float rounding (MindSpore's vectorised CPU Adam rounds a few elements 1 ulp apart)."""
     import mindspore as ms
     from mindspore import Tensor
 
@@ -108,8 +112,10 @@ def test_polyak_kernel_is_bit_identical_to_the_graph_ops(tau):
     class Update(nn.Cell):
         def __init__(self, tag, use_kernel):
             super().__init__()
-            self.t = ms.ParameterTuple([Parameter(Tensor(v.copy()), name=f"{tag}.t{i}") for i, v in enumerate(targets0)])
-            self.s = ms.ParameterTuple([Parameter(Tensor(v.copy()), name=f"{tag}.s{i}") for i, v in enumerate(sources)])
+            self.t = ms.ParameterTuple([Parameter(Tensor(v.copy()), name=f"{tag}.t{i}")
+                                        for i, v in enumerate(targets0)])
+            self.s = ms.ParameterTuple([Parameter(Tensor(v.copy()), name=f"{tag}.s{i}")
+                                        for i, v in enumerate(sources)])
             self.kernel = PolyakKernel(self.t, self.s) if use_kernel else None
 
         @ms.jit
@@ -227,6 +233,17 @@ def test_optimizer_kernel_values_are_checked():
         load_config(None, ["algo=dqn", "dqn.optimizer_kernel=custom", "amp.level=O1"])
 
 
+def test_custom_is_refused_off_cpu_and_auto_keeps_the_graph():
+    from scalebox_ms.trainers.kernels import select_optimizer_kernel
+
+    t = _trainer("sac", "builtin")
+    with pytest.raises(ConfigError, match=r"^sac\.optimizer_kernel: custom cannot run with the GPU backend"):
+        select_optimizer_kernel(t.config.with_overrides(["sac.optimizer_kernel=custom"]), t.learner, None, "GPU")
+    assert select_optimizer_kernel(t.config.with_overrides(["sac.optimizer_kernel=auto"]), t.learner, None,
+                                   "Ascend") is False
+    assert t.learner.polyak_kernel is None and t.learner.critic_optimizer.kernel is None
+
+
 def test_auto_keeps_the_graph_under_amp_and_logs_why(caplog):
     from scalebox_ms.trainers import make_trainer
 
@@ -254,5 +271,75 @@ def test_without_a_compiler_custom_fails_and_auto_falls_back(tmp_path, monkeypat
         t = make_trainer(Config.from_dict(base))
     assert t.optimizer_kernel is False and t.learner.polyak_kernel is None
     assert t.learner.actor_optimizer.kernel is None and t.learner.critic_optimizer.kernel is None
-    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "td3.optimizer_kernel auto" in r.getMessage()]
+    warned = [r for r in caplog.records
+              if r.levelno == logging.WARNING and "td3.optimizer_kernel auto" in r.getMessage()]
     assert warned and "cannot be built" in warned[0].getMessage()
+
+
+@pytest.mark.parametrize("kernel", ["builtin", "custom"])
+def test_dqn_phase_matches_step_by_step_reference(kernel):
+    """Replay add (masked), 3 in-graph gradient steps and the target copy equal a plain PyNative loop over the
+    same batches with a numpy Adam (MindSpore's Adam formula), with the optimizer step as graph ops or as the C++
+    kernel (and the phase's TD targets computed in one batched pass before its steps)."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+
+    from scalebox_ms.models.offpolicy import QNetwork
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = Config.from_dict({
+        "algo": "dqn", "env": {"id": "CartPole-v1", "num_envs": 2},
+        "dqn": {"train_freq": 32, "gradient_steps": 3, "batch_size": 16, "learning_starts": 0, "buffer_size": 5000,
+                "target_update_interval": 50, "learning_rate": 0.01, "max_grad_norm": 0.5,
+                "optimizer_kernel": kernel},
+        "run": {"seed": 1, "total_steps": 2000, "progress": False}})
+    t = make_trainer(cfg)
+    assert t.optimizer_kernel == (kernel == "custom") and t.phase.batched_targets
+    T, rng = 64, np.random.default_rng(1)
+    obs, nxt = rng.standard_normal((2, T, 4)).astype(np.float32)
+    act = rng.integers(0, 2, T).astype(np.int32)
+    rew = rng.standard_normal(T).astype(np.float32)
+    term = (rng.random(T) < 0.2).astype(np.float32)
+    valid = (rng.random(T) < 0.8).astype(np.int32)
+    u = rng.random((3, 16)).astype(np.float32)
+    online0 = [p.asnumpy().copy() for p in t.learner.q.get_parameters()]
+    items = ms.mutable((Tensor(obs), Tensor(act), Tensor(rew), Tensor(nxt), Tensor(term)))
+    t.phase(items, Tensor(valid), Tensor(np.int32(3)), Tensor(np.int32(1)), Tensor(u), Tensor(np.zeros((3, 1), np.float32)),
+            Tensor(np.float32(0.01)), Tensor(np.zeros(4, np.float32)), Tensor(np.ones(4, np.float32)),
+            Tensor(np.float32(np.inf)), Tensor(obs[:2]), Tensor(np.zeros((2, 1), np.float32)))
+    got = [p.asnumpy() for p in t.learner.q.get_parameters()]
+    target = [p.asnumpy() for p in t.learner.q_target.get_parameters()]
+    for a, b in zip(target, online0):  # n_target = 1: the target is the online net at the start of the phase
+        np.testing.assert_array_equal(a, b)
+
+    keep = valid.astype(bool)
+    data = [obs[keep], act[keep], rew[keep], nxt[keep], term[keep]]
+    n = int(keep.sum())
+    assert len(t.replay) == n
+    q, qt = QNetwork(4, 2, [64, 64]), QNetwork(4, 2, [64, 64])
+    for net in (q, qt):
+        for p, v in zip(net.get_parameters(), online0):
+            p.set_data(Tensor(v))
+
+    def loss_fn(o, a, r, no, d):
+        y = r + 0.99 * (1 - d) * ops.amax(qt(no), 1)
+        err = ops.abs(ops.gather_elements(q(o), 1, a.reshape(-1, 1))[:, 0] - y)
+        return ops.select(err < 1, 0.5 * err * err, err - 0.5).mean()
+
+    grad_fn = ms.value_and_grad(loss_fn, None, q.trainable_params())
+    m = [np.zeros_like(v) for v in online0]
+    v2 = [np.zeros_like(v) for v in online0]
+    for s in range(3):
+        idx = np.minimum(np.floor(u[s] * n).astype(int), n - 1)
+        _, g = grad_fn(*(Tensor(x[idx]) for x in data))
+        g = [x.asnumpy() for x in g]
+        norm = math.sqrt(sum(float((x.astype(np.float64) ** 2).sum()) for x in g))
+        g = [x * min(1.0, 0.5 / norm) for x in g]
+        lr_t = 0.01 * math.sqrt(1 - 0.999 ** (s + 1)) / (1 - 0.9 ** (s + 1))
+        for k, p in enumerate(q.get_parameters()):
+            m[k] = 0.9 * m[k] + 0.1 * g[k]
+            v2[k] = 0.999 * v2[k] + 0.001 * g[k] ** 2
+            p.set_data(Tensor((p.asnumpy() - lr_t * m[k] / (np.sqrt(v2[k]) + 1e-8)).astype(np.float32)))
+    for a, p in zip(got, q.get_parameters()):
+        np.testing.assert_allclose(a, p.asnumpy(), atol=1e-5)
+    assert any(np.abs(a - b).max() > 1e-3 for a, b in zip(got, online0))  # it did learn

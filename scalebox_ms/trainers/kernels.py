@@ -1,6 +1,6 @@
 """Kernel selection: which implementation runs the acting call and the PPO update.
 
-Two choices, one rule each, both logged the same way (logger ``scalebox_ms``, one INFO line saying which path
+Three choices, one rule each, all logged the same way (logger ``scalebox_ms``, one INFO line saying which path
 was chosen and why; a WARNING when an ``auto`` choice had to fall back because the kernel could not be built):
 
 * ``policy.act_kernel`` -- the acting call: ``builtin`` (MindSpore ops in the compiled :class:`ActStep`) or
@@ -13,11 +13,17 @@ was chosen and why; a WARNING when an ``auto`` choice had to fall back because t
   (:func:`scalebox_ms.ops.custom.update.unsupported_settings` lists what it does not); any setting outside it
   makes ``auto`` use the compiled graph and ``custom`` a :class:`ConfigError`. ``auto`` also keeps the graph
   above :data:`AUTO_UPDATE_MAX_BATCH` rows per minibatch (not measured beyond; ``benchmarks/update_kernel.py``).
+* ``<algo>.optimizer_kernel`` (DQN, SAC, TD3) -- the update arithmetic after the gradients: ``builtin`` (graph
+  ops) or ``custom`` (the C++ optimizer step and target update, ``ops/custom/offpolicy_optim.cc``). ``auto`` picks
+  ``custom`` on CPU in float32 for optimizers of up to :data:`AUTO_OPTIMIZER_MAX_ELEMENTS` values
+  (``benchmarks/offpolicy_step.py`` measured 256x256 MLPs; the kernel is single-threaded, MindSpore's Adam is not).
 """
 from __future__ import annotations
 
 import logging
 from typing import Optional, Tuple
+
+import numpy as np
 
 from ..config import micro_batches
 from ..errors import ConfigError, CustomOpError
@@ -30,6 +36,9 @@ _CARTPOLE_MACS = (4 * 64 + 64 * 64 + 64 * 2) + (4 * 64 + 64 * 64 + 64 * 1)
 AUTO_ACT_MAX_MACS = 4096 * _CARTPOLE_MACS
 # largest minibatch at which benchmarks/update_kernel.py measured the update kernel faster
 AUTO_UPDATE_MAX_BATCH = 16384
+# most values of one optimizer's Parameters for which 'auto' uses the off-policy optimizer kernel: about twice
+# the largest measured (SAC's twin 256x256 critics: ~135k; benchmarks/offpolicy_step.py)
+AUTO_OPTIMIZER_MAX_ELEMENTS = 262_144
 
 
 def _report(key: str, choice: str, chosen: str, reason: str, fallback: bool = False) -> None:
@@ -190,12 +199,17 @@ def select_optimizer_kernel(config, learner, amp, device: str) -> bool:
         blockers.append(f"amp.level {amp.level} (the kernel computes in float32 without a loss scale)")
     if blockers and choice == "custom":
         raise ConfigError(f"{key}: custom cannot run with {blockers[0]}; use builtin or auto")
+    groups = [cell for _, cell in learner.cells_and_names() if isinstance(cell, AdamGroup)]
+    largest = max(sum(int(np.prod(p.shape)) for p in group.params) for group in groups)
+    if choice == "auto" and largest > AUTO_OPTIMIZER_MAX_ELEMENTS:
+        blockers.append(f"an optimizer of {largest} values > {AUTO_OPTIMIZER_MAX_ELEMENTS}, beyond the measured range")
     if blockers:
         _report(key, choice, "graph ops", "; ".join(blockers))
         return False
-    from ..ops.custom.offpolicy_optim import GuardedAdamKernel, PolyakKernel
+    from ..ops.custom import build
+    from ..ops.custom.offpolicy_optim import KERNEL, GuardedAdamKernel, PolyakKernel
 
-    groups = [cell for _, cell in learner.cells_and_names() if isinstance(cell, AdamGroup)]
+    build.SETTINGS[KERNEL] = key  # (named in the no-compiler error: the builtin path of this algorithm)
     try:
         kernels = [GuardedAdamKernel(group) for group in groups]
         polyak = PolyakKernel(learner.target_params, learner.online_params)

@@ -47,3 +47,6 @@ __all__ = [
 from .update import PPOUpdateKernel, unsupported_settings  # noqa: E402  (the whole PPO update as one kernel)
 
 __all__ += ["PPOUpdateKernel", "unsupported_settings"]
+from .offpolicy_optim import GuardedAdamKernel, PolyakKernel  # noqa: E402  (the off-policy optimizer kernels)
+
+__all__ += ["GuardedAdamKernel", "PolyakKernel"]

@@ -11,8 +11,9 @@
 //     then K weights w_k, K first moments m_k, K second moments v_k, K gradients g_k (K = (nparam - 5) / 4),
 //     w, m, v written in place (MindSpore 2.10 CPU graph mode hands an aot kernel the Parameters' own memory).
 //   Output (params[nparam-1]): float32 (1,): 1 if the step was finite, else 0.
-//   What it computes, as the graph reference: sq = sum of g^2 over all gradients (here in double, so the clip
-//   coefficient can differ from MindSpore's float ReduceSum in its last bits); ok = sq and the loss finite;
+//   What it computes, as the graph reference: sq = sum of g^2 over all gradients (here in double, so a clip
+//   coefficient below 1 can differ from MindSpore's float ReduceSum in its last bits; MindSpore's vectorised Adam
+//   also rounds a few elements 1 ulp apart from this loop); ok = sq and the loss finite;
 //   coef = min(max_norm / (sqrt(sq) + 1e-6), 1) (1 without a clip); step += 1; b1p = beta1^step,
 //   b2p = beta2^step; lr_t = lr sqrt(1 - b2p) / (1 - b1p); per element m += (c g - m)(1 - beta1),
 //   v += ((c g)^2 - v)(1 - beta2), w -= lr_t m / (sqrt(v) + eps), with c = coef. A non-finite step applies zero
@@ -59,7 +60,9 @@ double sum_squares(const float *g, int64_t n) {
   return s;
 }
 
-int step(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+// (no FMA contraction, lr_t in float: as close to MindSpore's CPU Adam as a plain loop gets)
+__attribute__((optimize("fp-contract=off"))) int step(int nparam, void **params, int *ndims, int64_t **shapes,
+                                                      const char **dtypes) {
   const int n_in = nparam - 1;
   if (n_in < kInTensors + 4 || (n_in - kInTensors) % 4 != 0) return kErrParamCount;
   for (int i = 0; i < nparam; ++i) {
@@ -97,7 +100,7 @@ int step(int nparam, void **params, int *ndims, int64_t **shapes, const char **d
   const float t = *counter + 1.0f;
   *counter = t;
   const float b1p = std::pow(beta1, t), b2p = std::pow(beta2, t);
-  const float lr_t = ok ? static_cast<float>(lr * std::sqrt(1.0 - b2p) / (1 - b1p)) : 0.0f;
+  const float lr_t = ok ? lr * std::sqrt(1.0f - b2p) / (1.0f - b1p) : 0.0f;
   const float c1 = 1.0f - beta1, c2 = 1.0f - beta2;
   for (int k = 0; k < K; ++k) {
     const int wi = kInTensors + k;

@@ -9,10 +9,10 @@ With an ``AdamGroup``'s ``kernel`` set to this Cell, ``guarded_update`` runs the
 (``offpolicy_optim.cc``): the gradients still come from MindSpore's autodiff, only the optimizer's elementwise
 arithmetic moves, so the algorithms' maths stays in their Python modules.
 
-Results equal the graph reference up to float rounding: the kernel sums the squared gradients in double, so the
-clip coefficient (and with it every update that clips) can differ in its last bits (tests/test_offpolicy_kernels.py
-compares both paths). A non-finite step does what the reference does: zero gradients at learning rate 0 (the
-moments decay by one step, the step counter advances, the weights stay).
+Results equal the graph reference up to float rounding: the kernel sums the squared gradients in double, so a clip
+coefficient below 1 can differ in its last bits, and MindSpore's vectorised CPU Adam rounds a few elements 1 ulp
+apart from this plain loop (tests/test_offpolicy_kernels.py compares both paths). A non-finite step does what the reference does: zero
+gradients at learning rate 0 (the moments decay by one step, the step counter advances, the weights stay).
 
 State: the group's weights, moments and step counter are inputs the kernel writes IN PLACE (MindSpore 2.10 CPU
 graph mode hands an aot kernel the Parameters' own memory; the PPO update kernel relies on the same, see
@@ -20,8 +20,10 @@ graph mode hands an aot kernel the Parameters' own memory; the PPO update kernel
 Parameter in the graph (the next gradient step, the actor loss after the critic update, the policy output of a
 training phase) after it; the equivalence tests are the guard on a MindSpore upgrade.
 
-Supported: CPU, float32 Parameters and gradients, no AMP loss scale (``amp.level`` O1-O3 keep the graph path).
-Anything else raises :class:`~scalebox_ms.errors.CustomOpError` (one line). Selected per algorithm by
+Supported: CPU, float32 Parameters and gradients, no AMP loss scale. The constructors raise
+:class:`~scalebox_ms.errors.CustomOpError` (one line) off CPU and for Parameters of another dtype; with AMP
+``guarded_update`` keeps the graph ops (the trainer does not set the kernels then: ``amp.level`` O1-O3 make
+``auto`` choose the graph ops and ``custom`` a ConfigError). Selected per algorithm by
 ``<algo>.optimizer_kernel`` (:func:`scalebox_ms.trainers.kernels.select_optimizer_kernel`).
 """
 from __future__ import annotations
@@ -83,6 +85,8 @@ class PolyakKernel(nn.Cell):
     def __init__(self, targets, sources):
         super().__init__(auto_prefix=False)
         _check_cpu()
+        if len(targets) != len(sources):
+            _fail(f"{len(targets)} targets for {len(sources)} sources")
         for t, s in zip(targets, sources):
             if t.dtype != ms.float32 or s.dtype != ms.float32 or t.shape != s.shape:
                 _fail(f"target {t.name} and source {s.name} must be float32 of one shape")
