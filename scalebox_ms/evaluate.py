@@ -50,6 +50,8 @@ def main(argv=None) -> int:
         from .trainers.evaluation import evaluate_policy
 
         cfg = load_config(os.path.join(args.run, "config.yaml"))
+        if cfg.algo != "ppo":  # (no optimizer step runs here: do not build the off-policy optimizer kernels)
+            cfg.algo_config.optimizer_kernel = "builtin"
         trainer = make_trainer(cfg)
         ckpt = load_into(trainer, args.checkpoint, args.run)  # (the latest, also while a train still writes the run)
         rets = evaluate_policy(trainer, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)

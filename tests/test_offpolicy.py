@@ -223,13 +223,17 @@ def test_corrupt_replay_file_is_refused(tmp_path):
         _train_run(None, None, resume=str(tmp_path / "r"), checkpoint=str(ckdir / replay[: -len(".replay.npz")]))
 
 
-def test_cli_trains_evaluates_and_exports_sac(tmp_path):
+def test_cli_trains_evaluates_and_exports_sac(tmp_path, monkeypatch):
     run = tmp_path / "run"
     r = run_module("train", "--config", os.path.join(REPO, "configs", "sac_pendulum.yaml"), "--run-dir", run,
                    "--set", "run.total_steps=400", "--set", "sac.learning_starts=100", "--set", "run.eval_episodes=0",
                    "--set", "policy.pi_layers=[16]", "--set", "policy.vf_layers=[16]", "--set", "sac.batch_size=32",
-                   "--no-progress")
+                   "--set", "sac.optimizer_kernel=custom", "--no-progress")
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "sac.optimizer_kernel custom: C++ kernel" in r.stderr
+    # evaluate and export run no optimizer step: they work where the run's `custom` kernels cannot be built
+    monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["algo"] == "sac" and summary["global_step"] == 1000
     header = (run / "metrics.csv").read_text().splitlines()[0]
