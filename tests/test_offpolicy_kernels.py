@@ -233,15 +233,25 @@ def test_optimizer_kernel_values_are_checked():
         load_config(None, ["algo=dqn", "dqn.optimizer_kernel=custom", "amp.level=O1"])
 
 
-def test_custom_is_refused_off_cpu_and_auto_keeps_the_graph():
+def test_custom_is_refused_off_cpu_and_auto_keeps_the_graph(monkeypatch, caplog):
+    from scalebox_ms.trainers import kernels
     from scalebox_ms.trainers.kernels import select_optimizer_kernel
 
     t = _trainer("sac", "builtin")
+    custom, auto = (t.config.with_overrides([f"sac.optimizer_kernel={c}"]) for c in ("custom", "auto"))
     with pytest.raises(ConfigError, match=r"^sac\.optimizer_kernel: custom cannot run with the GPU backend"):
-        select_optimizer_kernel(t.config.with_overrides(["sac.optimizer_kernel=custom"]), t.learner, None, "GPU")
-    assert select_optimizer_kernel(t.config.with_overrides(["sac.optimizer_kernel=auto"]), t.learner, None,
-                                   "Ascend") is False
+        select_optimizer_kernel(custom, t.learner, None, "GPU")
+    assert select_optimizer_kernel(auto, t.learner, None, "Ascend") is False
     assert t.learner.polyak_kernel is None and t.learner.critic_optimizer.kernel is None
+    # auto stays within the measured sizes (the critics' 2 x (4*32 + 32 + 32*32 + 32 + 32 + 1) = 2,498 values here)
+    monkeypatch.setattr(kernels, "AUTO_OPTIMIZER_MAX_ELEMENTS", 2497)
+    with caplog.at_level(logging.INFO, logger="scalebox_ms"):
+        assert select_optimizer_kernel(auto, t.learner, None, "CPU") is False
+    assert "an optimizer of 2498 values > 2497, beyond the measured range" in caplog.text
+    assert t.learner.polyak_kernel is None
+    monkeypatch.setattr(kernels, "AUTO_OPTIMIZER_MAX_ELEMENTS", 2498)
+    assert select_optimizer_kernel(auto, t.learner, None, "CPU") is True
+    assert t.learner.polyak_kernel is not None and t.learner.critic_optimizer.kernel is not None
 
 
 def test_auto_keeps_the_graph_under_amp_and_logs_why(caplog):
