@@ -37,6 +37,8 @@
 
 namespace {
 
+#include "reduce.h"  // sum_squares
+
 enum Input : int { kInHyper = 0, kInLr, kInLoss, kInStep, kInTensors };
 
 int64_t numel(int ndim, const int64_t *shape) {
@@ -47,18 +49,6 @@ int64_t numel(int ndim, const int64_t *shape) {
 
 bool is_f32(const char *dtype) { return std::strcmp(dtype, "float32") == 0; }
 
-double sum_squares(const float *g, int64_t n) {
-  constexpr int kLanes = 8;  // independent partial sums, added up in a fixed order
-  double part[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) part[j] += static_cast<double>(g[i + j]) * g[i + j];
-  }
-  for (int j = 0; i < n; ++i, ++j) part[j] += static_cast<double>(g[i]) * g[i];
-  double s = 0.0;
-  for (int j = 0; j < kLanes; ++j) s += part[j];
-  return s;
-}
 
 // (no FMA contraction, lr_t in float: as close to MindSpore's CPU Adam as a plain loop gets)
 __attribute__((optimize("fp-contract=off"))) int step(int nparam, void **params, int *ndims, int64_t **shapes,

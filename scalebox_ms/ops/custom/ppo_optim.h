@@ -43,19 +43,7 @@ void combine_grads(std::vector<Layer> &net, const std::vector<std::vector<LayerB
   }
 }
 
-// sum of g[i]^2 in double, in kLanes interleaved partial sums (independent FMA chains) added up in a fixed order.
-inline double sum_squares(const float *g, int64_t n) {
-  constexpr int kLanes = 8;
-  double part[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) part[j] += static_cast<double>(g[i + j]) * g[i + j];
-  }
-  for (int j = 0; i < n; ++i, ++j) part[j] += static_cast<double>(g[i]) * g[i];
-  double s = 0.0;
-  for (int j = 0; j < kLanes; ++j) s += part[j];
-  return s;
-}
+#include "reduce.h"  // sum_squares
 
 // MindSpore P.Adam (CPU): m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2); w -= lr_t m / (sqrt(v) + eps).
 inline void adam(float *__restrict w, float *__restrict m, float *__restrict v, const float *__restrict g, int64_t n,
