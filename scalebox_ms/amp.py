@@ -6,7 +6,8 @@
    value MLPs of an :class:`~scalebox_ms.models.ActorCritic`:
 
    * ``O0`` -- nothing (float32);
-   * ``O1`` -- white-list cells (``nn.Dense``, :class:`~scalebox_ms.ops.FusedDense`) compute in ``dtype``; the
+   * ``O1`` -- white-list cells (``nn.Dense``, :class:`~scalebox_ms.ops.FusedDense`, the twin critics'
+     :class:`~scalebox_ms.models.offpolicy.EnsembleDense`) compute in ``dtype``; the
      activation cells between dense layers and everything else stay float32 (a FusedDense layer computes its
      activation inside the cell, so in ``dtype``);
    * ``O2`` -- the whole MLPs compute in ``dtype``; their outputs are cast back to float32, so the action
@@ -112,10 +113,11 @@ def _is_white_listed(cell) -> bool:
     if isinstance(cell, nn.Dense):
         return True
     try:
+        from .models.offpolicy import EnsembleDense
         from .ops.fused import FusedDense
-    except ImportError:  # pragma: no cover - FusedDense ships with the package
+    except ImportError:  # pragma: no cover - both ship with the package
         return False
-    return isinstance(cell, FusedDense)
+    return isinstance(cell, (FusedDense, EnsembleDense))
 
 
 def check_backend(amp: Optional[AutoMixedPrecision], device: str) -> None:

@@ -5,7 +5,8 @@ Layouts are Stable-Baselines3's ``MlpPolicy`` ones, so hyper-parameters tuned fo
 * :class:`QNetwork` (DQN): obs -> MLP(``vf_layers``) -> one Q value per action; image observations go through
   a NatureCNN first (SB3's ``CnnPolicy`` has no hidden layers after it: ``configs/dqn_atari.yaml`` sets
   ``vf_layers: []``; the default stays ``[64, 64]``).
-* :class:`TwinCritic` (SAC, TD3): two independent MLPs (``vf_layers``) on ``concat(obs, action)`` -> Q.
+* :class:`TwinCritic` (SAC, TD3): two independent MLPs (``vf_layers``) on ``concat(obs, action)`` -> Q, run as one
+  ensemble of batched matmuls (:class:`EnsembleDense`).
 * :class:`SquashedGaussianActor` (SAC): obs -> MLP(``pi_layers``, activation after every layer) -> mean and
   log-std heads; ``a = tanh(mean + std * eps)`` with the log-probability of the squashed sample
   (``log N(u) - sum log(1 - tanh(u)^2 + 1e-6)``; log-std clipped to [-20, 2]).
@@ -93,21 +94,91 @@ class QNetwork(nn.Cell):
         return self.q_net(_encode(self.features, obs)).astype(ms.float32)
 
 
+class EnsembleDense(nn.Cell):
+    """K independent dense layers applied at once, on column-major activations: x (K, in, B) ->
+    W_k @ x_k + b_k, (K, out, B), one batched matmul and one BiasAdd. ``weight`` (K, out, in) and ``bias`` (K, out)
+    start as the stacked weights of the K given ``nn.Dense`` layers (so their initialisation, ``policy.ortho_init``
+    included, is nn.Dense's). Features x batch, not batch x features: the bias is then a per-row (channel) add
+    whose gradient sums contiguous rows, where a broadcast add over (K, B, out) and its strided reduction cost
+    ~4x as much on CPU."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.stack([d.weight.asnumpy() for d in layers])), name="weight")
+        self.bias = Parameter(Tensor(np.stack([d.bias.asnumpy() for d in layers])), name="bias")
+        self.bias_add = ops.BiasAdd()
+        self.matmul_t = ops.MatMul(transpose_b=True)
+        self.bmm = ops.BatchMatMul()
+
+    def member(self, x, k: int):
+        """Layer ``k`` alone on row-major activations: x (B, in) -> x @ W_k^T + b_k, (B, out) (a 2-D matmul)."""
+        _, out, n_in = self.weight.shape  # (ops.slice: a StridedSlice of the weight took ~1 ms on CPU)
+        w = ops.slice(self.weight, (k, 0, 0), (1, out, n_in)).reshape((out, n_in)).astype(x.dtype)  # (AMP)
+        b = ops.slice(self.bias, (k, 0), (1, out)).reshape((out,)).astype(x.dtype)
+        return self.bias_add(self.matmul_t(x, w), b)
+
+    def construct(self, x):
+        y = self.bmm(self.weight, x)
+        k, out, n = y.shape
+        return self.bias_add(y.reshape((1, k * out, n)), self.bias.reshape((-1,))).reshape((k, out, n))
+
+
 class TwinCritic(nn.Cell):
-    """(obs, action) -> (Q1, Q2), each (B,): two independent MLPs on concat(obs, action) (clipped double-Q); with
-    ``cnn``, on concat(NatureCNN(obs), action), one CNN under both (SB3's ContinuousCritic)."""
+    """(obs, action) -> Q (2, B): two independent MLPs on concat(obs, action) (clipped double-Q), row k = Q_k; with
+    ``cnn``, on concat(NatureCNN(obs), action), one CNN under both (SB3's ContinuousCritic).
+
+    The two MLPs run as one ensemble (``qf``: :class:`EnsembleDense` layers, weights stacked (2, out, in)):
+    every layer of both critics is one batched matmul, half the kernels of two separate MLPs, and the two matrices
+    of a batched matmul keep both CPU cores busy. Initialised exactly as two ``mlp`` (nn.Dense) networks drawn one
+    after the other; checkpoint hashes see them in that layout (``qf0.*``/``qf1.*``, :func:`split_ensemble`)."""
 
     def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False,
                  cnn=None):
         super().__init__()
         self.features, obs_dim = _features(obs_dim, cnn)
-        self.qf0 = mlp(obs_dim + action_dim, list(layers), 1, activation, ortho, 1.0)
-        self.qf1 = mlp(obs_dim + action_dim, list(layers), 1, activation, ortho, 1.0)
+        nets = [mlp(obs_dim + action_dim, list(layers), 1, activation, ortho, 1.0) for _ in range(2)]
+        self.qf = nn.SequentialCell([EnsembleDense([a, b]) if isinstance(a, nn.Dense) else a
+                                     for a, b in zip(nets[0].cells(), nets[1].cells())])
 
     def construct(self, obs, action):
-        x = ops.concat([_encode(self.features, obs), action], 1)
-        # (reshape, not [:, 0]: a slice is a copy kernel on CPU, and its gradient another)
-        return self.qf0(x).reshape((-1,)).astype(ms.float32), self.qf1(x).reshape((-1,)).astype(ms.float32)
+        x = ops.concat([_encode(self.features, obs), action], 1).T  # (D, B)
+        q = self.qf(ops.broadcast_to(x, (2,) + x.shape))  # (2, 1, B)
+        return q.reshape((2, -1)).astype(ms.float32)  # (float32 maths after a low-precision net under AMP)
+
+    def first(self, obs, action):
+        """Q_1 alone, (B,) (TD3's actor loss): critic 1's layers as 2-D matmuls on its slices of the weights, half
+        the work of both critics."""
+        h = ops.concat([_encode(self.features, obs), action], 1)
+        for i in range(len(self.qf)):
+            h = self.qf[i].member(h, 0) if i % 2 == 0 else self.qf[i](h)
+        return h.reshape((-1,)).astype(ms.float32)
+
+
+ENSEMBLE = "qf"  # the name segment of TwinCritic's stacked layers; "qf0"/"qf1" in the per-critic (nn.Dense) layout
+
+
+def split_ensemble(name: str, array):
+    """[(name, array)] of one stored Parameter in the per-critic nn.Dense layout: a TwinCritic ensemble tensor
+    (``...qf.<i>.weight`` (2, out, in), ``.bias`` (2, out), and the Adam moments of both) becomes
+    ``...qf0.<i>.weight`` (out, in) and ``...qf1...``; any other Parameter is returned as it is."""
+    parts = name.split(".")
+    if ENSEMBLE not in parts:
+        return [(name, array)]
+    at = parts.index(ENSEMBLE)
+    return [(".".join(parts[:at] + [f"{ENSEMBLE}{k}"] + parts[at + 1:]), array[k]) for k in range(array.shape[0])]
+
+
+def stack_ensemble(name: str, tensors: dict):
+    """Inverse of :func:`split_ensemble` for one stored ``name``: its stacked array built from the per-critic
+    arrays in ``tensors`` (a checkpoint written before the ensemble layout), or None when they are not there."""
+    parts = name.split(".")
+    if ENSEMBLE not in parts:
+        return None
+    at = parts.index(ENSEMBLE)
+    names = [".".join(parts[:at] + [f"{ENSEMBLE}{k}"] + parts[at + 1:]) for k in range(2)]
+    if any(n not in tensors for n in names):
+        return None
+    return np.stack([np.asarray(tensors[n]) for n in names])
 
 
 class SquashedGaussianActor(nn.Cell):
@@ -247,8 +318,9 @@ class CellChain:
 
 
 class Learner(nn.Cell):
-    """Base of the algorithms' learner Cells: checkpoints and hashes see every Parameter (networks, targets,
-    optimizer state, the AMP loss scaler) in its stored layout (no padded layers here, so logical = stored).
+    """Base of the algorithms' learner Cells: checkpoints see every Parameter (networks, targets, optimizer state,
+    the AMP loss scaler) in its stored layout (no padded layers here); hashes see them with the twin critics'
+    ensembles split per critic (:meth:`logical_parameters`).
 
     Mixed precision (:meth:`use_amp`, the ``amp:`` section): every network is cast by
     :meth:`~scalebox_ms.amp.AutoMixedPrecision.cast` (outputs back to float32), every loss is multiplied by one
@@ -294,7 +366,21 @@ class Learner(nn.Cell):
         return ok
 
     def logical_parameters(self):
-        return [(name, p.asnumpy()) for name, p in self.parameters_and_names()]
+        """Every Parameter, TwinCritic ensembles split per critic (:func:`split_ensemble`): the hash's layout."""
+        return [kv for name, p in self.parameters_and_names() for kv in split_ensemble(name, p.asnumpy())]
+
+    @staticmethod
+    def upgrade_tensors(tensors: dict, names) -> dict:
+        """A checkpoint's tensors with every one of the stored ``names`` that is missing and is a TwinCritic
+        ensemble tensor stacked from the per-critic ones of a checkpoint written before the ensemble layout
+        (``qf0.*``/``qf1.*``); everything else is left as it is."""
+        out = dict(tensors)
+        for name in names:
+            if name not in out:
+                stacked = stack_ensemble(name, tensors)
+                if stacked is not None:
+                    out[name] = stacked
+        return out
 
     def to_logical(self, name, array):
         return np.asarray(array)

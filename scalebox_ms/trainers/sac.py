@@ -48,9 +48,9 @@ class _CriticLoss(nn.Cell):
         self.critic = critic
 
     def construct(self, obs, action, y, scale):
-        q0, q1 = self.critic(obs, action)
-        loss = 0.5 * (((q0 - y) ** 2).mean() + ((q1 - y) ** 2).mean())
-        return loss * scale, loss, q0.mean()
+        q = self.critic(obs, action)  # (2, B): both critics
+        loss = ((q - y) ** 2).mean()  # = 0.5 * sum_k mean_k
+        return loss * scale, loss, q[0].mean()
 
 
 class _ActorLoss(nn.Cell):
@@ -60,8 +60,7 @@ class _ActorLoss(nn.Cell):
 
     def construct(self, obs, eps, alpha, scale):
         action, log_prob = self.actor.action_log_prob(obs, eps)
-        q0, q1 = self.critic(obs, action)
-        loss = (alpha * log_prob - ops.minimum(q0, q1)).mean()
+        loss = (alpha * log_prob - self.critic(obs, action).min(0)).mean()
         return loss * scale, loss, log_prob
 
 
@@ -107,8 +106,8 @@ class SACLearner(Learner):
         alpha = ops.exp(self.log_alpha)[0]  # (the temperature before its update is used throughout the step)
         scale, inv_scale = self.scale(), self.inv_scale()  # (AMP loss scale; 1 and None in float32)
         next_action, next_log_prob = self.actor.action_log_prob(next_obs, eps_next)
-        nq0, nq1 = self.critic_target(next_obs, next_action)
-        y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * (ops.minimum(nq0, nq1) - alpha * next_log_prob))
+        next_q = self.critic_target(next_obs, next_action).min(0)
+        y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * (next_q - alpha * next_log_prob))
         (_, critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y, scale)
         critic_ok = guarded_update(self.critic_optimizer, critic_grads, critic_loss, lr, None, inv_scale)
         (_, actor_loss, log_prob), actor_grads = self.actor_grad(obs, eps_pi, alpha, scale)

@@ -128,6 +128,9 @@ def load(trainer, path: str):
             raise CheckpointError(f"checkpoint {ck['prefix']} was made with env.{key}={ck_env.get(key)!r}, "
                                   f"this trainer has env.{key}={getattr(trainer.config.env, key)!r}")
     named = trainer._named_state()
+    upgrade = getattr(trainer.model, "upgrade_tensors", None)  # (off-policy: checkpoints of the per-critic layout)
+    if upgrade is not None:
+        tensors = upgrade(tensors, [n for n, _ in named])
     missing = [n for n, _ in named if n not in tensors]
     if missing:
         raise CheckpointError(f"checkpoint {ck['prefix']} does not match this model: missing {missing[0]}"

@@ -29,9 +29,9 @@ class _CriticLoss(nn.Cell):
         self.critic = critic
 
     def construct(self, obs, action, y, scale):
-        q0, q1 = self.critic(obs, action)
-        loss = ((q0 - y) ** 2).mean() + ((q1 - y) ** 2).mean()
-        return loss * scale, loss, q0.mean()
+        q = self.critic(obs, action)  # (2, B): both critics
+        loss = 2.0 * ((q - y) ** 2).mean()  # = sum_k mean_k
+        return loss * scale, loss, q[0].mean()
 
 
 class _ActorLoss(nn.Cell):
@@ -40,8 +40,7 @@ class _ActorLoss(nn.Cell):
         self.actor, self.critic = actor, critic
 
     def construct(self, obs, scale):
-        q0, _ = self.critic(obs, self.actor(obs))
-        loss = -q0.mean()
+        loss = -self.critic.first(obs, self.actor(obs)).mean()
         return loss * scale, loss
 
 
@@ -88,8 +87,8 @@ class TD3Learner(Learner):
         ops.assign(self.n_updates, n)
         smoothing = ops.clip_by_value(noise * self.noise_std, -self.noise_clip, self.noise_clip)
         next_action = ops.clip_by_value(self.actor_target(next_obs) + smoothing, -1.0, 1.0)
-        nq0, nq1 = self.critic_target(next_obs, next_action)
-        y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * ops.minimum(nq0, nq1))
+        next_q = self.critic_target(next_obs, next_action).min(0)
+        y = ops.stop_gradient(reward + self.gamma * (1.0 - terminated) * next_q)
         scale, inv_scale = self.scale(), self.inv_scale()  # (AMP loss scale; 1 and None in float32)
         (_, critic_loss, q_mean), critic_grads = self.critic_grad(obs, action, y, scale)
         ok = guarded_update(self.critic_optimizer, critic_grads, critic_loss, lr, None, inv_scale)
