@@ -139,6 +139,7 @@ class TwinCritic(nn.Cell):
         nets = [mlp(obs_dim + action_dim, list(layers), 1, activation, ortho, 1.0) for _ in range(2)]
         self.qf = nn.SequentialCell([EnsembleDense([a, b]) if isinstance(a, nn.Dense) else a
                                      for a, b in zip(nets[0].cells(), nets[1].cells())])
+        self.dense_at = tuple(isinstance(c, EnsembleDense) for c in self.qf.cells())  # (static, for first())
 
     def construct(self, obs, action):
         x = ops.concat([_encode(self.features, obs), action], 1).T  # (D, B)
@@ -150,7 +151,7 @@ class TwinCritic(nn.Cell):
         the work of both critics."""
         h = ops.concat([_encode(self.features, obs), action], 1)
         for i in range(len(self.qf)):
-            h = self.qf[i].member(h, 0) if i % 2 == 0 else self.qf[i](h)
+            h = self.qf[i].member(h, 0) if self.dense_at[i] else self.qf[i](h)
         return h.reshape((-1,)).astype(ms.float32)
 
 
