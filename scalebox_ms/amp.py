@@ -112,11 +112,9 @@ def _is_white_listed(cell) -> bool:
 
     if isinstance(cell, nn.Dense):
         return True
-    try:
-        from .models.offpolicy import EnsembleDense
-        from .ops.fused import FusedDense
-    except ImportError:  # pragma: no cover - both ship with the package
-        return False
+    from .models.offpolicy import EnsembleDense  # (both ship with the package; imported late: no import cycle)
+    from .ops.fused import FusedDense
+
     return isinstance(cell, (FusedDense, EnsembleDense))
 
 

@@ -87,10 +87,9 @@ def test_ensemble_matches_two_dense_mlps(ortho):
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     np.testing.assert_allclose(g_action, ref_action, rtol=1e-4, atol=1e-6)
     g_split = dict(kv for n, g in zip(names, g_params) for kv in split_ensemble(n, g))
-    ref_named = {f"q{k}": r for k, r in enumerate(refs)}
+    assert len(g_split) == len(ref_params)
     for (n, _), g in zip(ref.parameters_and_names(), ref_params):
         key = "qf" + n[1:]  # (q0.0.weight -> qf0.0.weight)
-        assert ref_named and key in g_split
         np.testing.assert_allclose(g_split[key], g, rtol=1e-4, atol=1e-6, err_msg=key)
     # Q_1 alone (TD3's actor loss): its action gradient is the first reference MLP's
     _, g_first, _ = _grads(critic, obs, action, c, first=True)
@@ -112,12 +111,13 @@ def test_split_and_stack_are_inverse_and_leave_other_names_alone():
     assert stack_ensemble("actor.mu.weight", {}) is None
 
 
-def test_checkpoint_in_the_per_critic_layout_loads(tmp_path):
-    """A checkpoint written before the ensemble (qf0.*/qf1.* tensors, the moments too) resumes: every stored array
-    and the parameter hash come back."""
+def test_checkpoints_store_the_critics_per_critic_and_load_both_layouts(tmp_path):
+    """Checkpoints keep the file format of two separate nn.Dense critics (names qf0.*/qf1.*, (out, in) arrays, Adam
+    moments likewise), so a checkpoint written before the ensemble loads here and one written here loads in a
+    version from before it; loading stacks them back: every stored array and the parameter hash come back."""
     from scalebox_ms import Config
     from scalebox_ms.trainers import make_trainer
-    from scalebox_ms.trainers.checkpoint import read_checkpoint, write_checkpoint
+    from scalebox_ms.trainers.checkpoint import read_checkpoint
 
     cfg = Config.from_dict({"algo": "sac", "env": {"id": "Pendulum-v1", "num_envs": 1},
                             "policy": {"pi_layers": [16, 16], "vf_layers": [16, 16]},
@@ -125,16 +125,114 @@ def test_checkpoint_in_the_per_critic_layout_loads(tmp_path):
                             "run": {"seed": 3, "total_steps": 200, "progress": False}})
     t = make_trainer(cfg)
     t.learn(until=60)
-    path = t.save(str(tmp_path / "new"))
-    ck = read_checkpoint(path)
-    old = [{"name": n, "data": Tensor(a)} for name, arr in ck["tensors"].items()
-           for n, a in split_ensemble(name, np.asarray(arr))]
-    assert any(".qf0." in d["name"] for d in old) and not any(".qf." in d["name"] for d in old)
-    old_path = write_checkpoint(str(tmp_path / "old"), old, ck["sidecar"], env_obj=ck["env"], replay=ck["replay"])
+    path = t.save(str(tmp_path / "ck"))
+    stored = {n: np.asarray(a).shape for n, a in read_checkpoint(path)["tensors"].items()}
+    assert not any(".qf." in n for n in stored)
+    # the names and shapes two plain mlp() critics (the layout before the ensemble) have, for the networks and
+    # both Adam moments
+    dense = [(n, tuple(p.shape)) for n, p in mlp(OBS + 1, [16, 16], 1, "relu", False, 1.0).parameters_and_names()]
+    for prefix in ("model.critic.", "model.critic_target.", "model.critic_optimizer.critic_optimizer.m.critic.",
+                   "model.critic_optimizer.critic_optimizer.v.critic."):
+        for k in range(2):
+            for n, shape in dense:
+                assert stored.get(f"{prefix}qf{k}.{n}") == shape, f"{prefix}qf{k}.{n}"
     fresh = make_trainer(cfg)
-    fresh.load(old_path)
+    fresh.load(path)
     assert fresh.parameters_sha256() == t.parameters_sha256()
     for (n, p), (_, q) in zip(t._named_state(), fresh._named_state()):
         np.testing.assert_array_equal(p.asnumpy(), q.asnumpy(), err_msg=n)
     t.close()
     fresh.close()
+
+
+def _np_critic(weights, prefix, k, obs, action):
+    """Q_k(obs, action) in numpy from the per-critic arrays ``<prefix>.qf<k>.<i>.weight/bias`` (ReLU between)."""
+    layers = sorted({int(n.split(".")[-2]) for n in weights if n.startswith(f"{prefix}.qf{k}.")})
+    h = np.concatenate([obs, action], 1).astype(np.float64)
+    for j, i in enumerate(layers):
+        h = h @ weights[f"{prefix}.qf{k}.{i}.weight"].T + weights[f"{prefix}.qf{k}.{i}.bias"]
+        if j + 1 < len(layers):
+            h = np.maximum(h, 0.0)
+    return h[:, 0]
+
+
+class _Call(nn.Cell):
+    def __init__(self, learner, method):
+        super().__init__(auto_prefix=False)
+        self.learner, self.method = learner, method
+
+    def construct(self, *args):
+        if self.method == "step":
+            return self.learner.train_step(*args)
+        if self.method == "sac_actor":
+            return self.learner.actor.action_log_prob(*args)
+        return self.learner.actor_target(*args)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_one_gradient_step_reports_the_papers_losses(algo):
+    """One SAC/TD3 gradient step through the ensemble critics against the losses written out in numpy from the
+    per-critic weights (two separate critics): SAC J(Q) = 0.5 sum_k mean (Q_k - y)^2 with y from min_k Q_target_k,
+    J(pi) = mean(alpha log pi - min_k Q_k) with the updated critics; TD3 J(Q) = sum_k mean (Q_k - y)^2 and
+    J(pi) = -mean Q_1(s, mu(s)) with the updated critic 1; q_values = mean Q_1(s, a) before the update."""
+    from scalebox_ms import Config
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = Config.from_dict({"algo": algo, "env": {"id": "Pendulum-v1", "num_envs": 1},
+                            "policy": {"pi_layers": [16, 16], "vf_layers": [16, 16]},
+                            algo: {"batch_size": 8, "learning_starts": 10, "buffer_size": 100,
+                                   **({"policy_delay": 1} if algo == "td3" else {})},
+                            "run": {"seed": 5, "total_steps": 100, "progress": False}})
+    t = make_trainer(cfg)
+    learner = t.learner
+    rng = np.random.default_rng(1)
+    B, gamma = 8, float(cfg.algo_config.gamma)
+    obs, next_obs = (rng.normal(size=(B, OBS)).astype(np.float32) for _ in range(2))
+    action = rng.uniform(-1, 1, size=(B, 1)).astype(np.float32)
+    reward = rng.normal(size=B).astype(np.float32)
+    terminated = (rng.random(B) < 0.3).astype(np.float32)
+    noise = t._train_noise(rng, 1, B)[0]
+    before = {n: np.array(a) for n, a in learner.logical_parameters()}  # (copies: asnumpy can share memory)
+    T = Tensor
+    if algo == "sac":
+        alpha = float(np.exp(before["log_alpha"][0]))
+        next_a, next_lp = (x.asnumpy() for x in ms.jit(_Call(learner, "sac_actor"))(T(next_obs), T(noise[1])))
+        a_pi, lp_pi = (x.asnumpy() for x in ms.jit(_Call(learner, "sac_actor"))(T(obs), T(noise[0])))
+        next_q = np.minimum(*(_np_critic(before, "critic_target", k, next_obs, next_a) for k in range(2)))
+        y = reward + gamma * (1.0 - terminated) * (next_q - alpha * next_lp)
+    else:
+        o = cfg.algo_config
+        smooth = np.clip(noise * o.target_policy_noise, -o.target_noise_clip, o.target_noise_clip)
+        next_a = np.clip(ms.jit(_Call(learner, "td3_target_actor"))(T(next_obs)).asnumpy() + smooth, -1, 1)
+        next_q = np.minimum(*(_np_critic(before, "critic_target", k, next_obs, next_a) for k in range(2)))
+        y = reward + gamma * (1.0 - terminated) * next_q
+    q = [_np_critic(before, "critic", k, obs, action) for k in range(2)]
+    per_critic = [((qk - y) ** 2).mean() for qk in q]
+    stats = ms.jit(_Call(learner, "step"))(T(obs), T(action), T(reward), T(next_obs), T(terminated), T(noise),
+                                          T(np.int32(0)), T(np.float32(1e-3))).asnumpy()
+    named = dict(zip(learner.STATS, stats))
+    after = {n: np.array(a) for n, a in learner.logical_parameters()}
+    assert not np.array_equal(after["critic.qf1.2.weight"], before["critic.qf1.2.weight"])  # both critics trained
+    assert not np.array_equal(after["critic.qf0.2.weight"], before["critic.qf0.2.weight"])
+    if algo == "sac":
+        np.testing.assert_allclose(named["critic_loss"], 0.5 * sum(per_critic), rtol=1e-4)
+        q_pi = np.minimum(*(_np_critic(after, "critic", k, obs, a_pi) for k in range(2)))
+        np.testing.assert_allclose(named["actor_loss"], (alpha * lp_pi - q_pi).mean(), rtol=1e-4, atol=1e-6)
+    else:
+        np.testing.assert_allclose(named["critic_loss"], sum(per_critic), rtol=1e-4)
+        mu_before = np.tanh(_np_mlp(before, "actor.mu", obs))
+        np.testing.assert_allclose(named["actor_loss"], -_np_critic(after, "critic", 0, obs, mu_before).mean(),
+                                   rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(named["q_values"], q[0].mean(), rtol=1e-4, atol=1e-6)
+    t.close()
+
+
+def _np_mlp(weights, prefix, x):
+    """An nn.Dense MLP ``<prefix>.<i>.weight/bias`` in numpy, ReLU between layers, linear output."""
+    layers = sorted({int(n.split(".")[-2]) for n in weights if n.startswith(prefix + ".")})
+    h = x.astype(np.float64)
+    for j, i in enumerate(layers):
+        h = h @ weights[f"{prefix}.{i}.weight"].T + weights[f"{prefix}.{i}.bias"]
+        if j + 1 < len(layers):
+            h = np.maximum(h, 0.0)
+    return h

@@ -319,9 +319,9 @@ class CellChain:
 
 
 class Learner(nn.Cell):
-    """Base of the algorithms' learner Cells: checkpoints see every Parameter (networks, targets, optimizer state,
-    the AMP loss scaler) in its stored layout (no padded layers here); hashes see them with the twin critics'
-    ensembles split per critic (:meth:`logical_parameters`).
+    """Base of the algorithms' learner Cells: checkpoints and hashes see every Parameter (networks, targets,
+    optimizer state, the AMP loss scaler) as stored (no padded layers here), except the twin critics' ensembles,
+    which both see split per critic (:meth:`checkpoint_items`, :meth:`logical_parameters`).
 
     Mixed precision (:meth:`use_amp`, the ``amp:`` section): every network is cast by
     :meth:`~scalebox_ms.amp.AutoMixedPrecision.cast` (outputs back to float32), every loss is multiplied by one
@@ -371,10 +371,17 @@ class Learner(nn.Cell):
         return [kv for name, p in self.parameters_and_names() for kv in split_ensemble(name, p.asnumpy())]
 
     @staticmethod
+    def checkpoint_items(name, array):
+        """[(name, array)] as a checkpoint stores one Parameter: per critic (:func:`split_ensemble`), the layout of
+        two separate nn.Dense critics, which checkpoints had before the ensemble (so files read both ways)."""
+        return split_ensemble(name, array)
+
+    @staticmethod
     def upgrade_tensors(tensors: dict, names) -> dict:
         """A checkpoint's tensors with every one of the stored ``names`` that is missing and is a TwinCritic
-        ensemble tensor stacked from the per-critic ones of a checkpoint written before the ensemble layout
-        (``qf0.*``/``qf1.*``); everything else is left as it is."""
+        ensemble tensor stacked from its per-critic arrays (``qf0.*``/``qf1.*``: how :meth:`checkpoint_items`
+        stores them, and how checkpoints written before the ensemble hold them); everything else is left as it
+        is."""
         out = dict(tensors)
         for name in names:
             if name not in out:

@@ -71,9 +71,15 @@ def save(trainer, prefix: str) -> str:
     from .checkpoint import write_checkpoint
 
     c = trainer.collector
-    # stored in the logical (nn.Dense) layout whatever policy.layer/align: FusedDense padding is not saved
-    tensors = [{"name": name, "data": ms.Tensor(trainer.model.to_logical(name, param.asnumpy()))}
-               for name, param in trainer._named_state()]
+    # stored in the logical (nn.Dense) layout whatever policy.layer/align: FusedDense padding is not saved, and
+    # the off-policy twin critics' ensemble tensors are stored per critic (checkpoint_items: the file format of the
+    # separate critics, which load() stacks back, so checkpoints read both ways across versions)
+    items = getattr(trainer.model, "checkpoint_items", None)
+    tensors = []
+    for name, param in trainer._named_state():
+        array = trainer.model.to_logical(name, param.asnumpy())
+        for n, a in (items(name, array) if items is not None else [(name, array)]):
+            tensors.append({"name": n, "data": ms.Tensor(np.asarray(a, order="C"))})  # (0-d stays 0-d)
     sidecar = {
         "config": trainer.config.to_dict(),
         "global_step": trainer.global_step,
