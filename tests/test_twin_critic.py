@@ -145,15 +145,20 @@ def test_checkpoints_store_the_critics_per_critic_and_load_both_layouts(tmp_path
     fresh.close()
 
 
-def _np_critic(weights, prefix, k, obs, action):
-    """Q_k(obs, action) in numpy from the per-critic arrays ``<prefix>.qf<k>.<i>.weight/bias`` (ReLU between)."""
-    layers = sorted({int(n.split(".")[-2]) for n in weights if n.startswith(f"{prefix}.qf{k}.")})
-    h = np.concatenate([obs, action], 1).astype(np.float64)
+def _np_mlp(weights, prefix, x):
+    """An nn.Dense MLP ``<prefix>.<i>.weight/bias`` in numpy, ReLU between layers, linear output."""
+    layers = sorted({int(n.split(".")[-2]) for n in weights if n.startswith(prefix + ".")})
+    h = x.astype(np.float64)
     for j, i in enumerate(layers):
-        h = h @ weights[f"{prefix}.qf{k}.{i}.weight"].T + weights[f"{prefix}.qf{k}.{i}.bias"]
+        h = h @ weights[f"{prefix}.{i}.weight"].T + weights[f"{prefix}.{i}.bias"]
         if j + 1 < len(layers):
             h = np.maximum(h, 0.0)
-    return h[:, 0]
+    return h
+
+
+def _np_critic(weights, prefix, k, obs, action):
+    """Q_k(obs, action) in numpy from the per-critic arrays ``<prefix>.qf<k>.<i>.weight/bias``."""
+    return _np_mlp(weights, f"{prefix}.qf{k}", np.concatenate([obs, action], 1))[:, 0]
 
 
 class _Call(nn.Cell):
@@ -226,13 +231,3 @@ def test_one_gradient_step_reports_the_papers_losses(algo):
     np.testing.assert_allclose(named["q_values"], q[0].mean(), rtol=1e-4, atol=1e-6)
     t.close()
 
-
-def _np_mlp(weights, prefix, x):
-    """An nn.Dense MLP ``<prefix>.<i>.weight/bias`` in numpy, ReLU between layers, linear output."""
-    layers = sorted({int(n.split(".")[-2]) for n in weights if n.startswith(prefix + ".")})
-    h = x.astype(np.float64)
-    for j, i in enumerate(layers):
-        h = h @ weights[f"{prefix}.{i}.weight"].T + weights[f"{prefix}.{i}.bias"]
-        if j + 1 < len(layers):
-            h = np.maximum(h, 0.0)
-    return h
