@@ -155,7 +155,7 @@ def test_truncation_stores_the_true_final_observation():
                             "dqn": {"train_freq": 12, "learning_starts": 10_000, "buffer_size": 2000},
                             "run": {"seed": 0, "total_steps": 1000, "progress": False}})
     t = make_trainer(cfg)
-    t.learn(until=1)
+    t.learn(until=t.steps_per_iteration)
     st = t.replay.state_dict()
     steps = t.global_step
     n_episodes = t.episodes
@@ -235,7 +235,7 @@ def test_cli_trains_evaluates_and_exports_sac(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "empty"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["algo"] == "sac" and summary["global_step"] == 1000
+    assert summary["algo"] == "sac" and summary["global_step"] == 400  # (the run's end cuts the iteration short)
     header = (run / "metrics.csv").read_text().splitlines()[0]
     assert "critic_loss" in header and "ent_coef" in header
     r = run_module("evaluate", "--run", run, "--episodes", 2, "--json")
@@ -406,3 +406,24 @@ def test_native_cycle_matches_stepping_the_native_env(algo, env_id):
     np.testing.assert_array_equal(st["terminated"], np.array([r[3] for r in rows], np.float32))
     assert t.global_step == 300
     t.close()
+
+
+def test_runs_stop_at_the_phase_boundary_and_resume_from_a_cut_iteration(tmp_path):
+    """total_steps and until stop at the first training-phase boundary at or past them (SB3's train_freq
+    granularity), not at the next whole iteration; a checkpoint after a cut-short iteration resumes bit for bit."""
+    cfg = sac_config(train_freq=4, gradient_steps=1)  # phases of 4 steps, iterations of 1,000
+    cfg.run.total_steps = 1402
+    full = _train_run(cfg, tmp_path / "full")
+    assert full["global_step"] == 1404 and full["iterations"] == 2
+    rows = (tmp_path / "full" / "metrics.csv").read_text().splitlines()
+    assert [int(r.split(",")[1]) for r in rows[1:]] == [1000, 1404]
+    half = _train_run(cfg, tmp_path / "half", until=601)
+    assert half["status"] == "paused" and half["global_step"] == 604
+    resumed = _train_run(None, None, resume=str(tmp_path / "half"))
+    assert resumed["status"] == "completed" and resumed["global_step"] == 1404
+    assert resumed["param_sha256"] == full["param_sha256"]
+    from scalebox_ms.trainers.checkpoint import steps_match
+
+    d = cfg.to_dict()  # (the sidecar's check: whole phases, at most an iteration's worth each, at least one each)
+    assert steps_match(d, 604, 1) and steps_match(d, 1404, 2) and steps_match(d, 0, 0)
+    assert not steps_match(d, 1404, 1) and not steps_match(d, 602, 1) and not steps_match(d, 4, 2)

@@ -98,7 +98,7 @@ def _edit_sidecar(path, rehash, **changes):
     (False, {"episodes": 0}, "edited or is corrupt"),
     (True, {"global_step": 100}, "does not match the step 192 in its file name"),
     (True, {"world_size": 0}, "world_size must be an integer"),
-    (True, {"iteration": 2}, "is not iteration 2 x 64 env steps per iteration"),
+    (True, {"iteration": 2}, "does not fit iteration 2 of 64 env steps per iteration"),
 ])
 def test_edited_or_inconsistent_sidecar_is_refused(run_copy, rehash, changes, culprit):
     _edit_sidecar(ckpt(run_copy, 192), rehash, **changes)

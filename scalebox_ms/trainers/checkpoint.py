@@ -50,6 +50,19 @@ def steps_per_iteration(config: dict) -> int:
     return phase * max(1, -(-1000 // phase))
 
 
+def steps_match(config: dict, global_step: int, iteration: int) -> bool:
+    """Whether ``global_step`` env steps can follow ``iteration`` iterations of ``config`` (dict form): PPO's
+    iterations are whole (``iteration x steps_per_iteration``); an off-policy iteration is 1 up to
+    ``steps_per_iteration / phase`` whole training phases (the last one before the run's end or ``--until`` may be
+    cut short)."""
+    per_iteration = steps_per_iteration(config)
+    algo = config.get("algo", "ppo")
+    if algo == "ppo":
+        return global_step == iteration * per_iteration
+    phase = int(config[algo]["train_freq"]) * int(config["env"]["num_envs"])
+    return global_step % phase == 0 and iteration * phase <= global_step <= iteration * per_iteration
+
+
 def checkpoint_prefix(directory: str, global_step: int) -> str:
     return os.path.join(directory, f"ckpt_{global_step:012d}")
 
@@ -185,9 +198,9 @@ def read_sidecar(prefix: str) -> dict:
     except (KeyError, TypeError, ValueError):
         raise CheckpointError(f"checkpoint sidecar {prefix}.json: its config does not say how many env steps an "
                               "iteration has") from None
-    if sidecar["global_step"] != sidecar["iteration"] * per_iteration:
-        raise CheckpointError(f"checkpoint sidecar {prefix}.json: global_step {sidecar['global_step']} is not "
-                              f"iteration {sidecar['iteration']} x {per_iteration} env steps per iteration")
+    if not steps_match(sidecar["config"], sidecar["global_step"], sidecar["iteration"]):
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json: global_step {sidecar['global_step']} does not fit "
+                              f"iteration {sidecar['iteration']} of {per_iteration} env steps per iteration")
     return sidecar
 
 

@@ -21,7 +21,8 @@ for the step -- the true final observation when an episode is truncated (gymnasi
 truncation bootstraps and termination does not; the autoreset steps themselves are not stored.
 
 An *iteration* (a metrics row, and where checkpoints and ``--until`` stop) is a whole number of phases adding up
-to at least 1,000 env steps (:func:`.checkpoint.steps_per_iteration`).
+to at least 1,000 env steps (:func:`.checkpoint.steps_per_iteration`), or fewer phases when the run's end or
+``until`` comes first: a run stops at the first phase boundary at or past it.
 """
 from __future__ import annotations
 
@@ -215,14 +216,15 @@ class OffPolicyTrainer(Trainer):
     def learn(self, total_steps: Optional[int] = None, callbacks: Sequence[Callback] = (),
               until: Optional[int] = None) -> "OffPolicyTrainer":
         """Train until ``global_step`` reaches ``total_steps`` (default ``run.total_steps``); ``until`` pauses
-        earlier (at the first iteration boundary at or past it) without changing the schedules."""
+        earlier without changing the schedules. Both stop at the first training-phase boundary at or past them
+        (``train_freq x num_envs`` env steps; the last iteration is cut short)."""
         stop_at = self._check_horizon(total_steps, until)
         if self.collector.obs is None:
             self.collector.reset(seed=self._env_seed(self.config.run.seed), step=self.global_step)
         for cb in callbacks:
             cb.on_training_start(self)
         while self.global_step < stop_at:
-            metrics = self._iteration()
+            metrics = self._iteration(stop_at)
             stop = False
             for cb in callbacks:
                 if cb.on_iteration_end(self, metrics) is False:
@@ -233,8 +235,14 @@ class OffPolicyTrainer(Trainer):
             cb.on_training_end(self)
         return self
 
-    def _iteration(self) -> dict:
+    def _iteration(self, stop_at: Optional[int] = None) -> dict:
+        """One iteration: ``phases_per_iteration`` training phases, fewer where ``stop_at`` (the run's end or
+        ``until``) comes first, so a run stops at the first phase boundary at or past it (SB3's ``train_freq``
+        granularity), not at the next whole iteration."""
         o, c, rng, N = self.config.algo_config, self.collector, self.rng, self.num_envs
+        phases = self.phases_per_iteration
+        if stop_at is not None:
+            phases = max(1, min(phases, -(-(int(stop_at) - self.global_step) // self.phase_rows)))
         T, obs_shape = self._phase_steps, self.spec.obs_shape
         obs_dtype = np.uint8 if self.spec.image else np.float32
         act_shape, act_dtype = self._replay_action_spec()
@@ -243,7 +251,7 @@ class OffPolicyTrainer(Trainer):
         t_env = t_act = t_update = 0.0
         stats = np.zeros(len(self.learner.STATS))
         grad_steps = 0
-        for _ in range(self.phases_per_iteration):
+        for _ in range(phases):
             if self.native_cycle is not None:  # native env: the whole cycle is one graph call
                 t0 = clock()
                 acc, n_grad = self._native_phase()
@@ -309,7 +317,7 @@ class OffPolicyTrainer(Trainer):
         self.iteration += 1
         dt = clock() - t_iter
         self.wall_time_s += dt
-        steps = self.steps_per_iteration
+        steps = phases * self.phase_rows
         per_step = stats / max(grad_steps, 1)
         names = self.learner.STATS
         if "actor_updates" in names:  # TD3: the actor loss averaged over the steps that updated the actor
