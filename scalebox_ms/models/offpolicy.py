@@ -99,8 +99,8 @@ class EnsembleDense(nn.Cell):
     W_k @ x_k + b_k, (K, out, B), one batched matmul and one BiasAdd. ``weight`` (K, out, in) and ``bias`` (K, out)
     start as the stacked weights of the K given ``nn.Dense`` layers (so their initialisation, ``policy.ortho_init``
     included, is nn.Dense's). Features x batch, not batch x features: the bias is then a per-row (channel) add
-    whose gradient sums contiguous rows, where a broadcast add over (K, B, out) and its strided reduction cost
-    ~4x as much on CPU."""
+    whose gradient sums contiguous rows, cheaper on CPU than a broadcast add over (K, B, out) and its strided
+    reduction."""
 
     def __init__(self, layers):
         super().__init__()
@@ -112,7 +112,7 @@ class EnsembleDense(nn.Cell):
 
     def member(self, x, k: int):
         """Layer ``k`` alone on row-major activations: x (B, in) -> x @ W_k^T + b_k, (B, out) (a 2-D matmul)."""
-        _, out, n_in = self.weight.shape  # (ops.slice: a StridedSlice of the weight took ~1 ms on CPU)
+        _, out, n_in = self.weight.shape  # (ops.slice: cheaper on CPU than a StridedSlice of the weight)
         w = ops.slice(self.weight, (k, 0, 0), (1, out, n_in)).reshape((out, n_in)).astype(x.dtype)  # (AMP)
         b = ops.slice(self.bias, (k, 0), (1, out)).reshape((out,)).astype(x.dtype)
         return self.bias_add(self.matmul_t(x, w), b)
@@ -128,9 +128,9 @@ class TwinCritic(nn.Cell):
     ``cnn``, on concat(NatureCNN(obs), action), one CNN under both (SB3's ContinuousCritic).
 
     The two MLPs run as one ensemble (``qf``: :class:`EnsembleDense` layers, weights stacked (2, out, in)):
-    every layer of both critics is one batched matmul, half the kernels of two separate MLPs, and the two matrices
-    of a batched matmul keep both CPU cores busy. Initialised exactly as two ``mlp`` (nn.Dense) networks drawn one
-    after the other; checkpoint hashes see them in that layout (``qf0.*``/``qf1.*``, :func:`split_ensemble`)."""
+    every layer of both critics is one batched matmul and one bias add, half the kernels of two separate MLPs.
+    Initialised exactly as two ``mlp`` (nn.Dense) networks drawn one after the other; checkpoints and hashes see
+    them in that layout (``qf0.*``/``qf1.*``, :func:`split_ensemble`)."""
 
     def __init__(self, obs_dim: int, action_dim: int, layers, activation: str = "relu", ortho: bool = False,
                  cnn=None):
@@ -158,26 +158,29 @@ class TwinCritic(nn.Cell):
 ENSEMBLE = "qf"  # the name segment of TwinCritic's stacked layers; "qf0"/"qf1" in the per-critic (nn.Dense) layout
 
 
+def _member_names(name: str, k_count: int = 2):
+    """The per-critic names of ensemble tensor ``name`` (``...qf.<i>...`` -> ``...qf0.<i>...``, ``...qf1...``), or
+    None if ``name`` is not one (a whole ``qf`` segment only)."""
+    parts = name.split(".")
+    if ENSEMBLE not in parts:
+        return None
+    at = parts.index(ENSEMBLE)
+    return [".".join(parts[:at] + [f"{ENSEMBLE}{k}"] + parts[at + 1:]) for k in range(k_count)]
+
+
 def split_ensemble(name: str, array):
     """[(name, array)] of one stored Parameter in the per-critic nn.Dense layout: a TwinCritic ensemble tensor
     (``...qf.<i>.weight`` (2, out, in), ``.bias`` (2, out), and the Adam moments of both) becomes
     ``...qf0.<i>.weight`` (out, in) and ``...qf1...``; any other Parameter is returned as it is."""
-    parts = name.split(".")
-    if ENSEMBLE not in parts:
-        return [(name, array)]
-    at = parts.index(ENSEMBLE)
-    return [(".".join(parts[:at] + [f"{ENSEMBLE}{k}"] + parts[at + 1:]), array[k]) for k in range(array.shape[0])]
+    names = _member_names(name, np.shape(array)[0]) if np.ndim(array) else None
+    return [(name, array)] if names is None else [(n, array[k]) for k, n in enumerate(names)]
 
 
 def stack_ensemble(name: str, tensors: dict):
     """Inverse of :func:`split_ensemble` for one stored ``name``: its stacked array built from the per-critic
     arrays in ``tensors`` (a checkpoint written before the ensemble layout), or None when they are not there."""
-    parts = name.split(".")
-    if ENSEMBLE not in parts:
-        return None
-    at = parts.index(ENSEMBLE)
-    names = [".".join(parts[:at] + [f"{ENSEMBLE}{k}"] + parts[at + 1:]) for k in range(2)]
-    if any(n not in tensors for n in names):
+    names = _member_names(name)
+    if names is None or any(n not in tensors for n in names):
         return None
     return np.stack([np.asarray(tensors[n]) for n in names])
 
@@ -368,7 +371,7 @@ class Learner(nn.Cell):
 
     def logical_parameters(self):
         """Every Parameter, TwinCritic ensembles split per critic (:func:`split_ensemble`): the hash's layout."""
-        return [kv for name, p in self.parameters_and_names() for kv in split_ensemble(name, p.asnumpy())]
+        return [kv for name, p in self.parameters_and_names() for kv in self.checkpoint_items(name, p.asnumpy())]
 
     @staticmethod
     def checkpoint_items(name, array):

@@ -46,8 +46,13 @@ def steps_per_iteration(config: dict) -> int:
     num_envs = int(config["env"]["num_envs"])
     if algo == "ppo":
         return int(config["ppo"]["n_steps"]) * num_envs
-    phase = int(config[algo]["train_freq"]) * num_envs
+    phase = _phase_steps(config, algo)
     return phase * max(1, -(-1000 // phase))
+
+
+def _phase_steps(config: dict, algo: str) -> int:
+    """Env steps of one off-policy training phase: train_freq x env.num_envs."""
+    return int(config[algo]["train_freq"]) * int(config["env"]["num_envs"])
 
 
 def steps_match(config: dict, global_step: int, iteration: int) -> bool:
@@ -59,7 +64,7 @@ def steps_match(config: dict, global_step: int, iteration: int) -> bool:
     algo = config.get("algo", "ppo")
     if algo == "ppo":
         return global_step == iteration * per_iteration
-    phase = int(config[algo]["train_freq"]) * int(config["env"]["num_envs"])
+    phase = _phase_steps(config, algo)
     return global_step % phase == 0 and iteration * phase <= global_step <= iteration * per_iteration
 
 
