@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import time
 
 from scalebox_ms.fileio import atomic_write_json  # noqa: E402
+from scalebox_ms.sandbox import peak_rss_bytes  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -94,7 +94,7 @@ def main() -> None:
 
     if args.worker:
         res = (worker_scalebox if args.worker == "scalebox_ms" else worker_sb3)(args.seed, args.steps)
-        res["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        res["rss_mb"] = peak_rss_bytes() / 2.0 ** 20
         print(json.dumps(res))
         return
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ import tempfile
 import time
 
 from scalebox_ms.fileio import atomic_write_json
+from scalebox_ms.sandbox import peak_rss_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -175,7 +175,7 @@ def main() -> None:
         if args.worker == "sb3" and TASKS[args.task]["sb3"] != args.task:
             ap.error(f"--task {args.task} has no SB3 run of its own (it is compared with {TASKS[args.task]['sb3']})")
         res = (worker_scalebox if args.worker == "scalebox_ms" else worker_sb3)(args.task, args.seed, args.steps)
-        res["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        res["rss_mb"] = peak_rss_bytes() / 2.0 ** 20
         print(json.dumps(res))
         return
 

@@ -50,6 +50,23 @@ def current_rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (Linux: ``VmHWM`` of /proc/self/status).
+
+    Not ``getrusage``'s ``ru_maxrss``: Linux carries that over ``exec`` from the parent, so a run started by a large
+    process (a test runner, a notebook, a benchmark driver) would report its parent's peak as its own."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):  # pragma: no cover - non-Linux
+        pass
+    import resource  # pragma: no cover - no /proc: the best there is
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # pragma: no cover
+
+
 def _usable_cpus() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))

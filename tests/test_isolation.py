@@ -93,6 +93,21 @@ def test_memory_limit_parsing_and_rss_watch():
     tr.close()
 
 
+def test_peak_rss_is_the_processs_own_not_its_parents():
+    """summary.json's peak_rss_mb: a run started by a large process (a test runner, a notebook) reports its own peak
+    (getrusage's ru_maxrss would report the parent's: Linux carries it over exec)."""
+    import subprocess
+
+    from scalebox_ms.sandbox import current_rss_bytes, peak_rss_bytes
+
+    ballast = np.ones(96 * 2**20)  # 768 MB of touched pages in this (the parent) process
+    assert current_rss_bytes() <= peak_rss_bytes() and peak_rss_bytes() > ballast.nbytes
+    code = "from scalebox_ms.sandbox import peak_rss_bytes; print(peak_rss_bytes())"
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0 < child < ballast.nbytes // 4
+    del ballast
+
+
 def test_conflicting_sandbox_is_refused():
     from scalebox_ms.sandbox import Sandbox
 

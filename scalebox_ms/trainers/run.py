@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import resource
 import shutil
 import sys
 import time
@@ -55,7 +54,9 @@ TIMING_COLUMNS = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_t
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+    from ..sandbox import peak_rss_bytes
+
+    return peak_rss_bytes() / 2.0 ** 20
 
 
 class MetricsWriter(Callback):
