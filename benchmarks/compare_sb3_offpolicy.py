@@ -59,6 +59,7 @@ LIBS = ("scalebox_ms", "sb3")
 # sb3: the SB3 task whose runs this task is compared with.
 TASKS = {
     "dqn_cartpole": {"env": "CartPole-v1", "steps": 50_000, "config": "dqn_cartpole.yaml", "sb3": "dqn_cartpole"},
+    "dqn_acrobot": {"env": "Acrobot-v1", "steps": 100_000, "config": "dqn_acrobot.yaml", "sb3": "dqn_acrobot"},
     "sac_pendulum": {"env": "Pendulum-v1", "steps": 20_000, "config": "sac_pendulum.yaml", "sb3": "sac_pendulum"},
     "sac_pendulum_native": {"env": "Pendulum-v1", "steps": 20_000, "config": "sac_pendulum_native.yaml",
                             "sb3": "sac_pendulum"},
@@ -103,6 +104,11 @@ def make_sb3_model(task: str, seed: int):
         return DQN("MlpPolicy", env, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
                    gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                    exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
+                   **common)
+    if task == "dqn_acrobot":  # (gradient_steps -1: as many gradient steps as env steps per train_freq cycle)
+        return DQN("MlpPolicy", env, learning_rate=6.3e-4, batch_size=128, buffer_size=50_000, learning_starts=0,
+                   gamma=0.99, target_update_interval=250, train_freq=4, gradient_steps=-1,
+                   exploration_fraction=0.12, exploration_final_eps=0.1, policy_kwargs={"net_arch": [256, 256]},
                    **common)
     if task == "sac_pendulum":  # rl-zoo3 sets only learning_rate; the rest are SB3's defaults, spelt out
         return SAC("MlpPolicy", env, learning_rate=1e-3, buffer_size=1_000_000, learning_starts=100, batch_size=256,

@@ -1,5 +1,6 @@
 """Time-to-solve: wall time from process start until the deterministic eval mean first reaches the task's threshold,
-scalebox_ms presets vs Stable-Baselines3 2.9 PPO at the same hyper-parameters, back to back on one machine.
+scalebox_ms presets vs Stable-Baselines3 2.9 (PPO, DQN, SAC, TD3) at the same hyper-parameters, back to back on one
+machine.
 
 For every task, each scalebox_ms preset of its family and SB3 (at the hyper-parameters of the task's rl-zoo3 preset,
 built by ``sb3_ppo.py``; no gSDE, which scalebox_ms does not have) train seed by seed, each run in a fresh process.
@@ -18,7 +19,8 @@ Reported per run (time spent in evaluations is excluded from both figures and re
 Per (task, preset): median/min/max of both times over the seeds that solved, and how many solved.
 
 Needs the [bench] extra:  pip install -e ".[bench]"
-Usage:  python benchmarks/time_to_solve.py [--tasks cartpole acrobot pendulum dqn_cartpole sac_pendulum]
+Usage:  python benchmarks/time_to_solve.py [--tasks cartpole acrobot pendulum dqn_cartpole sac_pendulum
+            dqn_acrobot td3_pendulum]
             [--seeds 0 1 2] [--episodes 10]
             [--libs scalebox_ms sb3] [--out benchmarks/results/time_to_solve.json]
             [--plot docs/img/time_to_solve.png] [--plot-only]
@@ -50,8 +52,12 @@ TASKS = {
                      "sb3": "dqn_cartpole"},
     "sac_pendulum": {"env": "Pendulum-v1", "threshold": -200.0, "eval_every": 1000,
                      "presets": ["sac_pendulum.yaml", "sac_pendulum_native.yaml"], "sb3": "sac_pendulum"},
+    "dqn_acrobot": {"env": "Acrobot-v1", "threshold": -100.0, "eval_every": 5000, "presets": ["dqn_acrobot.yaml"],
+                    "sb3": "dqn_acrobot"},
+    "td3_pendulum": {"env": "Pendulum-v1", "threshold": -200.0, "eval_every": 1000, "presets": ["td3_pendulum.yaml"],
+                     "sb3": "td3_pendulum"},
 }
-DEFAULT_TASKS = ["cartpole", "acrobot", "pendulum", "dqn_cartpole", "sac_pendulum"]
+DEFAULT_TASKS = ["cartpole", "acrobot", "pendulum", "dqn_cartpole", "sac_pendulum", "dqn_acrobot", "td3_pendulum"]
 
 
 def _config(preset: str, seed: int):
