@@ -56,6 +56,23 @@ def test_replay_add_wraps_around_like_a_ring():
         np.testing.assert_array_equal(state["action"], ref.data["action"][: ref.size])
 
 
+def test_masked_add_keeps_the_valid_items_in_order_like_the_ring():
+    specs = {"obs": ((3,), np.float32), "action": ((), np.int32)}
+    buf, ref = ReplayBuffer(10, specs, spare_row=True), NumpyRing(10)
+    rng = np.random.default_rng(1)
+    for _ in range(5):  # 8 rows per call, some masked out; wraps around the ring of 10
+        batch = {"obs": rng.normal(size=(8, 3)).astype(np.float32), "action": rng.integers(0, 9, 8).astype(np.int32)}
+        valid = rng.integers(0, 2, 8).astype(np.int32)
+        ref.add(**{k: v[valid > 0] for k, v in batch.items()})
+        assert buf.add_batch_masked(valid, **batch) == ref.size
+        state = buf.state_dict()
+        assert int(state["_position"]) == ref.pos
+        np.testing.assert_array_equal(state["obs"], ref.data["obs"][: ref.size])
+        np.testing.assert_array_equal(state["action"], ref.data["action"][: ref.size])
+    with pytest.raises(ValueError, match="no spare row"):
+        ReplayBuffer(10, specs).add_batch_masked(np.ones(1, np.int32), obs=np.zeros((1, 3)), action=np.zeros(1))
+
+
 def test_replay_sampling_is_uniform_with_replacement_and_reproducible():
     buf = ReplayBuffer(1000, {"x": ((), np.int32)})
     buf.add_batch(x=np.arange(300, dtype=np.int32))  # only the first 300 slots are filled

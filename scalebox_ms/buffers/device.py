@@ -163,6 +163,19 @@ class ReplayBuffer(nn.Cell):
         items = ms.mutable(tuple(Tensor(np.asarray(arrays[n], self.specs[n][1])) for n in self.names))
         return int(self._compiled["add"](items).asnumpy())
 
+    def add_batch_masked(self, valid, **arrays) -> int:
+        """``add_batch`` of the items whose ``valid`` flag is non-zero, in order (``add_masked``, what the training
+        phases run; needs ``spare_row=True``). One compiled graph per batch size."""
+        missing = set(self.names) - set(arrays)
+        if missing or set(arrays) - set(self.names):
+            raise ValueError(f"add_batch_masked: expected fields {list(self.names)}, got {sorted(arrays)}")
+        if not self.spare_row:
+            raise ValueError("add_batch_masked: the buffer has no spare row (spare_row=False)")
+        if "add_masked" not in self._compiled:
+            self._compiled["add_masked"] = _CompiledAddMasked(self)
+        items = ms.mutable(tuple(Tensor(np.asarray(arrays[n], self.specs[n][1])) for n in self.names))
+        return int(self._compiled["add_masked"](items, Tensor(np.asarray(valid, np.int32))).asnumpy())
+
     def sample(self, batch_size: int, rng: np.random.Generator) -> Dict[str, np.ndarray]:
         if len(self) == 0:
             raise ValueError("sample: the replay buffer is empty")
@@ -209,3 +222,15 @@ class _Compiled(nn.Cell):
         if self.is_add:
             return self.buffer.add(x)
         return self.buffer.gather(x)
+
+
+class _CompiledAddMasked(nn.Cell):
+    """A compiled call of ``ReplayBuffer.add_masked``."""
+
+    def __init__(self, buffer: ReplayBuffer):
+        super().__init__(auto_prefix=False)
+        self.buffer = buffer
+
+    @ms.jit
+    def construct(self, items, valid):
+        return self.buffer.add_masked(items, valid)

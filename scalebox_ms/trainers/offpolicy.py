@@ -57,6 +57,9 @@ class OffPolicyTrainer(Trainer):
     """
 
     learner_class = None
+    #: add the rows of the warm-up phases (before ``learning_starts``) in one replay call per iteration instead of
+    #: one training-phase call each (same replay contents; False: the per-phase calls, the reference in the tests)
+    warmup_batching = True
 
     def __init__(self, config: Union[Config, dict, None] = None, sandbox: Optional[Sandbox] = None, **overrides):
         super().__init__(config, sandbox, overrides)
@@ -251,6 +254,11 @@ class OffPolicyTrainer(Trainer):
         t_env = t_act = t_update = 0.0
         stats = np.zeros(len(self.learner.STATS))
         grad_steps = 0
+        # warm-up phases (no gradient step, no target update, no policy output: before learning_starts) only add
+        # their rows to the replay, so their rows are added in one call per iteration, in the same order
+        # (``_flush_warmup``), instead of one phase graph call each; bit-identical (no weight changes, no draws)
+        warmup, warmup_rows = [], phases * self.phase_rows
+        batch_warmup = self.warmup_batching and warmup_rows <= o.buffer_size
         for _ in range(phases):
             if self.native_cycle is not None:  # native env: the whole cycle is one graph call
                 t0 = clock()
@@ -295,6 +303,13 @@ class OffPolicyTrainer(Trainer):
             self._replay_rows = min(self._replay_rows + int(valid_b.sum()), o.buffer_size)
             n_grad, n_target, u, noise = self._train_inputs(rng, steps_before)
             needs_policy = self.global_step >= o.learning_starts
+            if batch_warmup and not (n_grad or n_target or needs_policy):
+                warmup.append((obs_b, act_b, rew_b, next_b, term_b, valid_b))
+                self._pending, self._pending_obs = None, c.obs
+                self._nonfinite_phases = 0
+                t_update += clock() - t0
+                continue
+            self._flush_warmup(warmup, warmup_rows)
             act_noise = self._act_noise_or_zeros(rng, N) if needs_policy else self._no_act_noise
             mean, inv_std, clip = self._obs_stats()
             items = ms.mutable((Tensor(obs_b.reshape((T * N,) + obs_shape)),
@@ -313,6 +328,9 @@ class OffPolicyTrainer(Trainer):
             stats += acc
             grad_steps += n_grad
             self._check_nonfinite(acc, n_grad)
+        t0 = clock()
+        self._flush_warmup(warmup, warmup_rows)
+        t_update += clock() - t0
         self.n_updates += grad_steps
         self.iteration += 1
         dt = clock() - t_iter
@@ -356,6 +374,19 @@ class OffPolicyTrainer(Trainer):
         if hasattr(self.sandbox, "check_memory"):
             self.sandbox.check_memory()
         return metrics
+
+    def _flush_warmup(self, warmup: list, rows: int) -> None:
+        """Add the rows of the warm-up phases collected so far to the replay in one call (padded to ``rows`` with
+        invalid rows, so one graph serves every iteration), as their phase calls would have added them."""
+        if not warmup:
+            return
+        parts = [np.concatenate([p[k].reshape((-1,) + p[k].shape[2:]) for p in warmup]) for k in range(6)]
+        pad = rows - len(parts[5])
+        if pad:
+            parts = [np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)]) for a in parts]
+        self.replay.add_batch_masked(parts[5], obs=parts[0], action=parts[1], reward=parts[2], next_obs=parts[3],
+                                     terminated=parts[4])
+        warmup.clear()
 
     def _check_nonfinite(self, acc, n_grad) -> None:
         bad = int(round(acc[self.learner.STATS.index("nonfinite")]))
