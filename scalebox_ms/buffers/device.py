@@ -155,26 +155,26 @@ class ReplayBuffer(nn.Cell):
 
     # -- host API ----------------------------------------------------------------------------------
     def add_batch(self, **arrays) -> int:
-        missing = set(self.names) - set(arrays)
-        if missing or set(arrays) - set(self.names):
-            raise ValueError(f"add_batch: expected fields {list(self.names)}, got {sorted(arrays)}")
+        items = self._host_items("add_batch", arrays)
         if "add" not in self._compiled:
             self._compiled["add"] = _Compiled(self, "add")
-        items = ms.mutable(tuple(Tensor(np.asarray(arrays[n], self.specs[n][1])) for n in self.names))
         return int(self._compiled["add"](items).asnumpy())
 
     def add_batch_masked(self, valid, **arrays) -> int:
         """``add_batch`` of the items whose ``valid`` flag is non-zero, in order (``add_masked``, what the training
         phases run; needs ``spare_row=True``). One compiled graph per batch size."""
-        missing = set(self.names) - set(arrays)
-        if missing or set(arrays) - set(self.names):
-            raise ValueError(f"add_batch_masked: expected fields {list(self.names)}, got {sorted(arrays)}")
+        items = self._host_items("add_batch_masked", arrays)
         if not self.spare_row:
             raise ValueError("add_batch_masked: the buffer has no spare row (spare_row=False)")
         if "add_masked" not in self._compiled:
             self._compiled["add_masked"] = _CompiledAddMasked(self)
-        items = ms.mutable(tuple(Tensor(np.asarray(arrays[n], self.specs[n][1])) for n in self.names))
         return int(self._compiled["add_masked"](items, Tensor(np.asarray(valid, np.int32))).asnumpy())
+
+    def _host_items(self, caller: str, arrays: dict):
+        """The fields' arrays as a mutable tuple of Tensors in ``names`` order (every field, no other key)."""
+        if set(arrays) != set(self.names):
+            raise ValueError(f"{caller}: expected fields {list(self.names)}, got {sorted(arrays)}")
+        return ms.mutable(tuple(Tensor(np.asarray(arrays[n], self.specs[n][1])) for n in self.names))
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> Dict[str, np.ndarray]:
         if len(self) == 0:

@@ -257,7 +257,7 @@ class OffPolicyTrainer(Trainer):
         # warm-up phases (no gradient step, no target update, no policy output: before learning_starts) only add
         # their rows to the replay, so their rows are added in one call per iteration, in the same order
         # (``_flush_warmup``), instead of one phase graph call each; bit-identical (no weight changes, no draws)
-        warmup, warmup_rows = [], phases * self.phase_rows
+        warmup, warmup_rows = [], self.phases_per_iteration * self.phase_rows  # (also in a cut-short iteration)
         batch_warmup = self.warmup_batching and warmup_rows <= o.buffer_size
         for _ in range(phases):
             if self.native_cycle is not None:  # native env: the whole cycle is one graph call
@@ -381,11 +381,11 @@ class OffPolicyTrainer(Trainer):
         if not warmup:
             return
         parts = [np.concatenate([p[k].reshape((-1,) + p[k].shape[2:]) for p in warmup]) for k in range(6)]
-        pad = rows - len(parts[5])
+        pad = rows - len(parts[-1])
         if pad:
             parts = [np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)]) for a in parts]
-        self.replay.add_batch_masked(parts[5], obs=parts[0], action=parts[1], reward=parts[2], next_obs=parts[3],
-                                     terminated=parts[4])
+        *fields, valid = parts  # (the phase's order: obs, action, reward, next_obs, terminated)
+        self.replay.add_batch_masked(valid, **dict(zip(("obs", "action", "reward", "next_obs", "terminated"), fields)))
         warmup.clear()
 
     def _check_nonfinite(self, acc, n_grad) -> None:
