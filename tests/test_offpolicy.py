@@ -203,9 +203,13 @@ def test_until_then_resume_is_bit_identical(make, tmp_path):
 def test_warmup_rows_in_one_call_per_iteration_train_as_one_phase_call_each(algo, tmp_path, monkeypatch):
     """Before learning_starts a phase only adds its rows to the replay: the trainer adds them in one call per
     iteration. Replay, weights and metrics equal those of one phase call per train_freq (the reference), with far
-    fewer phase calls; a pause inside the warm-up resumes bit-identically."""
-    from scalebox_ms.trainers import Callback, make_trainer
+    fewer phase calls; a pause inside the warm-up resumes bit-identically. (Iterations of at least 200 env steps
+    instead of 1,000: the same code paths, a fifth of the phase calls.)"""
+    from scalebox_ms.trainers import Callback, checkpoint, make_trainer
     from scalebox_ms.trainers.offpolicy import OffPolicyTrainer
+
+    monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 200)
+    learning_starts, total = 260, 320  # a whole warm-up iteration, then one that starts learning part-way
 
     class Rows(Callback):
         def __init__(self):
@@ -215,9 +219,9 @@ def test_warmup_rows_in_one_call_per_iteration_train_as_one_phase_call_each(algo
             self.rows.append(dict(metrics))
 
     def make():
-        cfg = sac_config("td3", train_freq=1, learning_starts=1300) if algo == "td3" else dqn_config(
-            learning_starts=1300)
-        cfg.run.total_steps = 1600
+        cfg = sac_config("td3", train_freq=1, learning_starts=learning_starts) if algo == "td3" else dqn_config(
+            learning_starts=learning_starts)
+        cfg.run.total_steps = total
         return cfg
 
     seen = {}
@@ -229,29 +233,28 @@ def test_warmup_rows_in_one_call_per_iteration_train_as_one_phase_call_each(algo
         rows = Rows()
         tr.learn(callbacks=[rows])
         seen[batching] = (tr.parameters_sha256(), tr.replay.state_dict(), rows.rows, len(calls), tr.global_step)
+        assert tr.steps_per_iteration == (200 if algo == "td3" else 224)  # (DQN: 7 phases of 16 steps x 2 envs)
         tr.close()
     (sha0, replay0, rows0, calls0, steps0), (sha1, replay1, rows1, calls1, steps1) = seen[False], seen[True]
-    assert steps0 == steps1 == 1600 and sha1 == sha0
-    assert set(replay1) == set(replay0) and int(replay1["_size"]) == int(replay0["_size"]) > 1300
+    assert steps0 == steps1 == total and sha1 == sha0 and len(rows0) == 2
+    assert set(replay1) == set(replay0) and int(replay1["_size"]) == int(replay0["_size"]) > learning_starts
     for k in replay0:
         np.testing.assert_array_equal(replay1[k], replay0[k], err_msg=k)
     drop = ("wall_time_s", "steps_per_second", "update_time_s", "share_env", "share_act", "share_update",
             "share_other", "update_samples_per_s")
     assert [{k: v for k, v in r.items() if k not in drop} for r in rows1] == \
         [{k: v for k, v in r.items() if k not in drop} for r in rows0]
-    if algo == "td3":  # one phase call per env step, none for the 1,299 phases that end before learning_starts
-        assert (calls0, calls1) == (1600, 1600 - 1299)
+    if algo == "td3":  # one phase call per env step, none for the phases that end before learning_starts
+        assert (calls0, calls1) == (total, total - (learning_starts - 1))
     else:  # DQN's warm-up phases that copy the target network (every 25 steps per env here) still run
         assert calls1 <= calls0
     cfg = make()
-    full = _train_run(cfg, tmp_path / "full")
-    assert full["param_sha256"] == sha1
-    half = _train_run(cfg, tmp_path / "half", until=500)
+    half = _train_run(cfg, tmp_path / "half", until=230)  # inside the warm-up part of the second iteration
     # the warm-up rows are in the checkpoint's replay (one row fewer per episode end: gymnasium's autoreset step)
-    steps = half["global_step"]  # (the first phase boundary at or past 500: DQN's phases are 32 rows here)
-    assert half["status"] == "paused" and 500 <= steps < 532
+    steps = half["global_step"]  # (the first phase boundary at or past 230: DQN's phases are 32 rows here)
+    assert half["status"] == "paused" and 230 <= steps < min(learning_starts, 230 + 32)
     assert steps - half["episodes"] <= half["replay_size"] < steps
-    assert _train_run(None, None, resume=str(tmp_path / "half"))["param_sha256"] == full["param_sha256"]
+    assert _train_run(None, None, resume=str(tmp_path / "half"))["param_sha256"] == sha1
 
 
 def test_save_replay_false_writes_no_replay_and_resume_refills(tmp_path):

@@ -39,15 +39,20 @@ FORMAT = "scalebox_ms.ppo.v1"  # (the name predates the off-policy trainers; the
 EXTENSIONS = (".json", ".ckpt", ".env.pkl", ".replay.npz")
 
 
+#: an off-policy iteration (one metrics row, the unit of checkpoints and ``--until``) is the fewest whole training
+#: phases adding up to at least this many env steps
+OFFPOLICY_ITERATION_STEPS = 1000
+
+
 def steps_per_iteration(config: dict) -> int:
     """Env steps per iteration of a config in dict form: ppo.n_steps x env.num_envs for PPO; for DQN/SAC/TD3
-    whole training phases (train_freq x num_envs) adding up to at least 1,000 env steps."""
+    whole training phases (train_freq x num_envs) adding up to at least :data:`OFFPOLICY_ITERATION_STEPS`."""
     algo = config.get("algo", "ppo")
     num_envs = int(config["env"]["num_envs"])
     if algo == "ppo":
         return int(config["ppo"]["n_steps"]) * num_envs
     phase = _phase_steps(config, algo)
-    return phase * max(1, -(-1000 // phase))
+    return phase * max(1, -(-OFFPOLICY_ITERATION_STEPS // phase))
 
 
 def _phase_steps(config: dict, algo: str) -> int:

@@ -37,6 +37,7 @@ from ..config import Config
 from ..config_offpolicy import space_refusal
 from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
+from . import checkpoint
 from .core import Callback, Trainer
 from .kernels import select_optimizer_kernel
 from .offpolicy_graph import NONFINITE_LIMIT, DeployActor, NativeCycle, PolicyCall, TrainingPhase
@@ -116,7 +117,7 @@ class OffPolicyTrainer(Trainer):
         self.deterministic_call = PolicyCall(self.learner, deterministic=True)
         self._values = ParameterValues([("model." + n, p) for n, p in self.learner.parameters_and_names()])
         phase_steps = o.train_freq
-        self.phases_per_iteration = max(1, -(-1000 // self.phase_rows))
+        self.phases_per_iteration = max(1, -(-checkpoint.OFFPOLICY_ITERATION_STEPS // self.phase_rows))
         self.steps_per_iteration = self.phases_per_iteration * self.phase_rows
         self._phase_steps = phase_steps
         self._pending: Optional[np.ndarray] = None  # the policy output for the observation _pending_obs
