@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(backend: str, compiled: bool, num_envs: int, n_steps: int, iterations: int,
-        update_kernel: str = "builtin") -> dict:
+        update_kernel: str = "builtin", act_kernel: str = "builtin") -> dict:
     from scalebox_ms.config import Config
     from scalebox_ms.trainers import Callback, PPOTrainer
 
@@ -32,6 +32,7 @@ def run(backend: str, compiled: bool, num_envs: int, n_steps: int, iterations: i
         "env": {"id": "CartPole-v1", "num_envs": num_envs, "backend": backend, "compiled_rollout": compiled},
         "ppo": {"n_steps": n_steps, "batch_size": batch, "n_epochs": 4, "learning_rate": 3e-4,
                 "update_kernel": update_kernel},
+        "policy": {"act_kernel": act_kernel},
         "run": {"total_steps": 10**9, "progress": False},
     })
     rows = []
@@ -45,6 +46,7 @@ def run(backend: str, compiled: bool, num_envs: int, n_steps: int, iterations: i
     trainer.close()
     later = rows[1:]
     return {"backend": backend, "compiled_rollout": compiled, "update_kernel": update_kernel,
+            "act_kernel": act_kernel,
             "num_envs": num_envs, "n_steps": n_steps,
             "batch_size": batch, "steps_per_s": statistics.median(r["steps_per_second"] for r in later),
             "rollout_share": statistics.median(r["rollout_time_s"] / (r["rollout_time_s"] + r["update_time_s"])

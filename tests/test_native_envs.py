@@ -135,10 +135,12 @@ def test_native_backend_config_errors(sets, culprit):
         Config.from_dict(sets)
 
 
-@pytest.mark.parametrize("env_id, extra", [("CartPole-v1", {}), ("Pendulum-v1", {"normalize_reward": True}),
-                                           ("MountainCarContinuous-v0", {})])  # reward uses the clipped action
-def test_compiled_rollout_equals_the_step_by_step_loop(env_id, extra):
-    """One graph call for the whole rollout gives the same rollouts, so the same parameters, as T calls."""
+@pytest.mark.parametrize("env_id, extra, act_kernel", [
+    ("CartPole-v1", {}, "builtin"), ("CartPole-v1", {}, "custom"), ("Pendulum-v1", {"normalize_reward": True}, "builtin"),
+    ("MountainCarContinuous-v0", {}, "custom")])  # (MountainCar: the reward uses the clipped action)
+def test_compiled_rollout_equals_the_step_by_step_loop(env_id, extra, act_kernel):
+    """One graph call for the whole rollout gives the same rollouts, so the same parameters, as T calls; with
+    ``policy.act_kernel: custom`` the loop acts with the C++ kernel as the step-by-step path does, bit for bit."""
     from conftest import small_config
     from scalebox_ms.trainers import Callback, PPOTrainer
 
@@ -152,10 +154,12 @@ def test_compiled_rollout_equals_the_step_by_step_loop(env_id, extra):
     runs = []
     for compiled in (True, False):
         cfg = small_config(env={"id": env_id, "backend": "native", "num_envs": 4, "compiled_rollout": compiled,
-                                **extra}, ppo={"n_steps": 32, "batch_size": 32})
+                                **extra}, ppo={"n_steps": 32, "batch_size": 32}, policy={"act_kernel": act_kernel})
         tr, keep = PPOTrainer(cfg), Keep()
         tr.learn(until=256, callbacks=[keep])
         assert tr._compiled_rollout == compiled
+        if compiled:
+            assert tr.collector._rollout_cell.act_kernel == act_kernel
         runs.append((tr.parameters_sha256(), keep.rows, tr.env.state))
         tr.close()
     (h1, rows1, s1), (h2, rows2, s2) = runs

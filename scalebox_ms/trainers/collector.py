@@ -252,16 +252,19 @@ class RolloutCollector:
                         else reward.astype(np.float32))
         return np.where(valid, train_reward, 0.0)
 
-    def collect_compiled(self, storage, model, step: int):
-        """Native envs: one graph call runs all T steps (:mod:`.native_rollout`); then the same host bookkeeping
-        as :meth:`collect`. Returns (seconds in the graph call, 0.0, V(last observation))."""
+    def collect_compiled(self, storage, model, step: int, act_kernel: str = "builtin"):
+        """Native envs: one graph call runs all T steps (:mod:`.native_rollout`, acting with ``act_kernel``:
+        ``builtin`` or ``custom``); then the same host bookkeeping as :meth:`collect`. Returns (seconds in the graph
+        call, 0.0, V(last observation))."""
         import mindspore as ms
 
+        from ..ops.custom.status import custom_op_errors
         from .native_rollout import CompiledRollout
 
         T, N = storage.n_steps, self.num_envs
         if self._rollout_cell is None:
-            self._rollout_cell = CompiledRollout(model, self.env, T, normalize=self.obs_normalizer is not None)
+            self._rollout_cell = CompiledRollout(model, self.env, T, normalize=self.obs_normalizer is not None,
+                                                 act_kernel=act_kernel)
         cell = self._rollout_cell
         t0 = time.perf_counter()
         # drawn in the order the step-by-step loop draws them: same streams, same rollout
@@ -269,8 +272,9 @@ class RolloutCollector:
         reset_noise = np.stack([self.env.rng.random((N, self.env._dyn_cls.noise_dim)).astype(np.float32)
                                 for _ in range(T)])
         mean, inv_std, clip = self.normalizer_inputs()
-        last_raw, last_value = cell(ms.Tensor(act_noise), ms.Tensor(reset_noise), ms.Tensor(mean),
-                                    ms.Tensor(inv_std), ms.Tensor(clip))
+        with custom_op_errors():  # (a C++ kernel's return code inside the graph: one line naming it)
+            last_raw, last_value = cell(ms.Tensor(act_noise), ms.Tensor(reset_noise), ms.Tensor(mean),
+                                        ms.Tensor(inv_std), ms.Tensor(clip))
         last_value = last_value.asnumpy()
         buf = cell.buffer
         storage.obs[:] = buf.obs.asnumpy()

@@ -11,6 +11,10 @@ Noise (Gumbel/normal action noise, reset noise) is drawn by the trainer's and th
 all T steps at once, in the same order the step-by-step loop draws it, so both paths produce the same rollout
 (tested). Observation normalisation uses the statistics frozen at the start of the rollout; the trainer updates
 them afterwards with all T*N observations (SB3 updates them every step: a small, documented difference).
+
+The acting call inside the loop follows ``policy.act_kernel`` as resolved for the trainer's acting step: MindSpore
+ops (``model.act``, ~20 kernels per step), or the C++ fused-MLP kernel (:class:`~scalebox_ms.ops.custom.FusedActorKernel`,
+one kernel per step; the same noise, the same results to float tolerance).
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ class CompiledRollout(nn.Cell):
     """``rollout(act_noise (T,N,A), reset_noise (T,N,k), obs_mean, obs_inv_std, obs_clip)`` fills the buffers and
     returns (last raw obs, V(last normalised obs))."""
 
-    def __init__(self, model, env, n_steps: int, normalize: bool):
+    def __init__(self, model, env, n_steps: int, normalize: bool, act_kernel: str = "builtin"):
         super().__init__(auto_prefix=False)
         T, N = int(n_steps), env.num_envs
         spec = model.spec
@@ -46,6 +50,21 @@ class CompiledRollout(nn.Cell):
             self.high = Tensor(np.asarray(spec.high, np.float32))
         self.buffer = RolloutBuffer(T, N, spec.obs_dim, () if spec.discrete else (spec.action_dim,), spec.discrete)
         self.obs_raw = _buffer((T, N, spec.obs_dim), np.float32, "rollout_obs_raw")  # for the obs statistics
+        self.act_kernel = act_kernel
+        self.custom = act_kernel == "custom"
+        if self.custom:  # (raises CustomOpError where it cannot run; the trainer's ActStep already built it)
+            from ..ops.custom import FusedActorKernel
+
+            self.fused = FusedActorKernel(model)
+            self.width = self.fused.width
+
+    def act(self, obs, noise):
+        """(action, log_prob, value) for the env batch: ``model.act``, or the fused C++ kernel's packed output."""
+        if self.custom:
+            out = self.fused(obs, noise)
+            action = out[:, 0].astype(ms.int32) if self.discrete else out[:, : self.width]
+            return action, out[:, self.width], out[:, self.width + 1]
+        return self.model.act(obs, noise)
 
     @ms.jit
     def construct(self, act_noise, reset_noise, obs_mean, obs_inv_std, obs_clip):
@@ -54,7 +73,7 @@ class CompiledRollout(nn.Cell):
         while t < self.n_steps:
             raw = self.dyn.observe(env.state)
             obs = normalize_obs(self.normalize, raw, obs_mean, obs_inv_std, obs_clip)
-            action, log_prob, value = self.model.act(obs, act_noise[t])
+            action, log_prob, value = self.act(obs, act_noise[t])
             valid = ~env.needs_reset
             # store what was observed BEFORE the env state is overwritten: measured on MindSpore 2.10, a value
             # read from a Parameter may otherwise be materialised after a later assign to that Parameter

@@ -180,7 +180,8 @@ class PPOTrainer(Trainer):
 
             t0 = time.perf_counter()
             if c.compiled:
-                t_act, t_env, last_values = c.collect_compiled(storage, self.model, self.global_step)
+                t_act, t_env, last_values = c.collect_compiled(storage, self.model, self.global_step,
+                                                               getattr(self.act_step, "kernel", "builtin"))
             else:
                 if self._act_direct is not None:
                     self._act_direct.sync()  # (the weights change between rollouts only)
