@@ -184,19 +184,23 @@ def _vec(cfg, num_envs):
 @pytest.mark.parametrize("make", [dqn_config, lambda: _vec(sac_config(train_freq=4, gradient_steps=2), 4),
                                   lambda: _vec(sac_config("td3", action_noise=0.1, train_freq=4, gradient_steps=2), 4)],
                          ids=["dqn", "sac", "td3"])
-def test_until_then_resume_is_bit_identical(make, tmp_path):
-    """(SAC/TD3 on 4 envs: replay adds of several rows per step, and a quarter of the acting calls.)"""
+def test_until_then_resume_is_bit_identical(make, tmp_path, monkeypatch):
+    """(SAC/TD3 on 4 envs: replay adds of several rows per step, and a quarter of the acting calls; the pause falls
+    inside every env's first Pendulum episode. Iterations of at least 200 env steps, so the run has several.)"""
+    from scalebox_ms.trainers import checkpoint
+
+    monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 200)
     cfg = make()
-    cfg.run.total_steps = 2000
+    cfg.run.total_steps = 960
     full = _train_run(cfg, tmp_path / "full")
-    half = _train_run(cfg, tmp_path / "half", until=1000)
-    assert half["status"] == "paused" and half["global_step"] < full["global_step"]
+    half = _train_run(cfg, tmp_path / "half", until=480)
+    assert half["status"] == "paused" and half["global_step"] < full["global_step"] and full["iterations"] >= 4
     ck = sorted(os.listdir(tmp_path / "half" / "checkpoints"))
     assert any(f.endswith(".replay.npz") for f in ck)
     resumed = _train_run(None, None, resume=str(tmp_path / "half"))
     assert resumed["status"] == "completed"
     assert resumed["param_sha256"] == full["param_sha256"]
-    assert resumed["episodes"] == full["episodes"]
+    assert resumed["episodes"] == full["episodes"] > half["episodes"]
 
 
 @pytest.mark.parametrize("algo", ["td3", "dqn"])
@@ -466,22 +470,25 @@ def test_native_cycle_matches_stepping_the_native_env(algo, env_id):
     t.close()
 
 
-def test_runs_stop_at_the_phase_boundary_and_resume_from_a_cut_iteration(tmp_path):
+def test_runs_stop_at_the_phase_boundary_and_resume_from_a_cut_iteration(tmp_path, monkeypatch):
     """total_steps and until stop at the first training-phase boundary at or past them (SB3's train_freq
-    granularity), not at the next whole iteration; a checkpoint after a cut-short iteration resumes bit for bit."""
-    cfg = sac_config(train_freq=4, gradient_steps=1)  # phases of 4 steps, iterations of 1,000
-    cfg.run.total_steps = 1402
-    full = _train_run(cfg, tmp_path / "full")
-    assert full["global_step"] == 1404 and full["iterations"] == 2
-    rows = (tmp_path / "full" / "metrics.csv").read_text().splitlines()
-    assert [int(r.split(",")[1]) for r in rows[1:]] == [1000, 1404]
-    half = _train_run(cfg, tmp_path / "half", until=601)
-    assert half["status"] == "paused" and half["global_step"] == 604
-    resumed = _train_run(None, None, resume=str(tmp_path / "half"))
-    assert resumed["status"] == "completed" and resumed["global_step"] == 1404
-    assert resumed["param_sha256"] == full["param_sha256"]
+    granularity), not at the next whole iteration; a checkpoint after a cut-short iteration resumes bit for bit.
+    (Iterations of at least 200 env steps instead of 1,000: the same rules at a fifth of the steps.)"""
+    from scalebox_ms.trainers import checkpoint
     from scalebox_ms.trainers.checkpoint import steps_match
 
+    monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 200)
+    cfg = sac_config(train_freq=4, gradient_steps=1)  # phases of 4 steps, iterations of 200
+    cfg.run.total_steps = 282
+    full = _train_run(cfg, tmp_path / "full")
+    assert full["global_step"] == 284 and full["iterations"] == 2
+    rows = (tmp_path / "full" / "metrics.csv").read_text().splitlines()
+    assert [int(r.split(",")[1]) for r in rows[1:]] == [200, 284]
+    half = _train_run(cfg, tmp_path / "half", until=121)
+    assert half["status"] == "paused" and half["global_step"] == 124
+    resumed = _train_run(None, None, resume=str(tmp_path / "half"))
+    assert resumed["status"] == "completed" and resumed["global_step"] == 284
+    assert resumed["param_sha256"] == full["param_sha256"]
     d = cfg.to_dict()  # (the sidecar's check: whole phases, at most an iteration's worth each, at least one each)
-    assert steps_match(d, 604, 1) and steps_match(d, 1404, 2) and steps_match(d, 0, 0)
-    assert not steps_match(d, 1404, 1) and not steps_match(d, 602, 1) and not steps_match(d, 4, 2)
+    assert steps_match(d, 124, 1) and steps_match(d, 284, 2) and steps_match(d, 0, 0)
+    assert not steps_match(d, 284, 1) and not steps_match(d, 122, 1) and not steps_match(d, 4, 2)
