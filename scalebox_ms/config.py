@@ -165,6 +165,9 @@ class ParallelConfig:
     pipeline_stages: int = 1
     #: seconds to wait for the other ranks before the job is declared failed
     timeout: float = 300.0
+    #: ``--workers``: seconds without an iteration ending on any rank (timed from the end of the first) before the
+    #: launcher declares the job hung, has each rank print its Python stack into its log and stops it (0: never)
+    hang_timeout: float = 1800.0
 
 
 @dataclass

@@ -172,6 +172,7 @@ def _check_amp(a: AmpConfig) -> None:
 def _check_parallel_section(par: ParallelConfig) -> None:
     _check(1 <= par.workers <= 1024, "parallel.workers", f"must be in [1, 1024], got {short_repr(par.workers)}")
     _check(par.timeout > 0, "parallel.timeout", f"must be > 0, got {short_repr(par.timeout)}")
+    _check(par.hang_timeout >= 0, "parallel.hang_timeout", f"must be >= 0 (0: off), got {short_repr(par.hang_timeout)}")
     _check(par.pipeline_stages >= 1, "parallel.pipeline_stages", f"must be >= 1, got {short_repr(par.pipeline_stages)}")
     _check(par.gradient_accumulation >= 1, "parallel.gradient_accumulation",
            f"must be >= 1, got {short_repr(par.gradient_accumulation)}")

@@ -143,12 +143,13 @@ def _launch_workers(args, argv, cfg, workers: int):
 
         run_dir, fresh = args.resume, False
 
-        timeout = load_config(os.path.join(run_dir, "config.yaml")).parallel.timeout
+        saved = load_config(os.path.join(run_dir, "config.yaml")).parallel
+        timeout, hang_timeout = saved.timeout, saved.hang_timeout
     else:
         run_dir = args.run_dir or default_run_dir(cfg)
         if not args.run_dir:
             worker_args += ["--run-dir", run_dir]
-        fresh, timeout = True, cfg.parallel.timeout
+        fresh, timeout, hang_timeout = True, cfg.parallel.timeout, cfg.parallel.hang_timeout
     created = not os.path.exists(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     with RunLock(run_dir):  # this process holds the run directory for its msrun ranks
@@ -156,7 +157,8 @@ def _launch_workers(args, argv, cfg, workers: int):
             raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
         os.environ[HELD_ENV] = run_dir
         try:
-            code = launch(worker_args, workers, run_dir, fresh, timeout)  # prints its own one-line error
+            # (prints its own one-line error)
+            code = launch(worker_args, workers, run_dir, fresh, timeout, hang_timeout=hang_timeout)
         finally:
             del os.environ[HELD_ENV]
     if code != 0:

@@ -42,6 +42,8 @@ def _rows(path):
     ({"parallel": {"micro_batch_size": 8, "gradient_accumulation": 2}}, "parallel.gradient_accumulation"),
     ({"parallel": {"workers": 0}}, "parallel.workers"),
     ({"parallel": {"workers": 2}, "ppo": {"batch_size": "auto"}}, "ppo.batch_size"),
+    ({"parallel": {"hang_timeout": -1}}, "parallel.hang_timeout"),
+    ({"parallel": {"hang_timeout": 0}}, None),
 ])
 def test_parallel_config_validation(section, msg):
     data = {"env": {"num_envs": 8}, "ppo": {"n_steps": 32, "batch_size": 64}}
@@ -330,6 +332,69 @@ def test_a_killed_worker_ends_the_job_with_its_rank(tmp_path):
     assert waited < 120
     assert out == ""  # no summary
     assert _processes_of(run_dir) == []  # msrun's scheduler and rank 0 (each in its own session) are gone too
+
+
+def test_a_job_is_stalled_only_when_every_live_rank_is_past_the_hang_timeout(tmp_path):
+    """The launcher's hang rule on marker files: ranks that exited (rank_<r>.exit) or are gone do not count; one
+    rank that ended an iteration recently, or one still in its first iteration (no beat yet), means the job still
+    moves."""
+    from scalebox_ms.parallel.launcher import stalled_workers
+
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+    try:
+        d, now = str(tmp_path), time.time()
+        for rank, (proc, age) in enumerate(zip(sleepers, (50.0, 40.0, 1.0))):
+            (tmp_path / f"rank_{rank}.pid").write_text(str(proc.pid))
+            (tmp_path / f"rank_{rank}.alive").write_text("")
+            (tmp_path / f"rank_{rank}.beat").write_text("")
+            os.utime(tmp_path / f"rank_{rank}.beat", (now - age, now - age))
+        assert stalled_workers(d, 30.0, now) == []  # rank 2 ended an iteration a second ago
+        (tmp_path / "rank_2.beat").unlink()
+        assert stalled_workers(d, 30.0, now) == []  # rank 2 is in its first iteration
+        (tmp_path / "rank_2.alive").rename(tmp_path / "rank_2.exit")  # rank 2 left through Python's exit
+        assert [(r, p) for r, p, _ in stalled_workers(d, 30.0, now)] == [(0, sleepers[0].pid), (1, sleepers[1].pid)]
+        assert [round(age) for _, _, age in stalled_workers(d, 30.0, now)] == [50, 40]
+        assert stalled_workers(d, 45.0, now) == []  # rank 1: 40 s
+        sleepers[0].kill()
+        sleepers[0].wait()  # gone: the dead-worker watch's case, not a hang
+        assert [r for r, _, _ in stalled_workers(d, 30.0, now)] == [1]
+    finally:
+        for proc in sleepers:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+def test_a_hung_worker_stops_the_job_with_every_ranks_stack(tmp_path):
+    """One rank's env hangs in step (the other rank then waits in the update's all-reduce): after
+    parallel.hang_timeout seconds without an iteration ending on any rank, the launcher has each rank print its
+    Python stacks into its log, stops the job (no process left) and names the ranks; the run stays resumable."""
+    from scalebox_ms.trainers.checkpoint import list_checkpoints
+
+    run_dir = str(tmp_path / "run")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([REPO, os.path.join(REPO, "tests"), env.get("PYTHONPATH", "")])
+    # each env's step 40 is in the third iteration (16 steps per env and iteration); one env of one rank hangs
+    kwargs = f"env.kwargs={{at: 40, once: '{tmp_path / 'hung'}'}}"
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "scalebox_ms.train", "--workers", "2", "--total-steps", "10000000",
+                           "--run-dir", run_dir, *DP_ARGS, "--set", "env.id=faulty_envs:HangingCartPole-v0",
+                           "--set", kwargs, "--set", "parallel.hang_timeout=6"],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: data-parallel job stopped after "), last
+    assert "no rank ended an iteration for more than 6 s (parallel.hang_timeout; rank 0 (pid " in last, last
+    pids = {r: int(open(os.path.join(run_dir, "msrun", f"rank_{r}.pid")).read()) for r in (0, 1)}
+    assert all(f"rank {r} (pid {pid}): " in last for r, pid in pids.items()), last
+    logs = {r: open(os.path.join(run_dir, "msrun", f"worker_{r}.log"), errors="replace").read() for r in (0, 1)}
+    # faulthandler's dump: the hung rank is in the env's step, under the rollout
+    stuck = [r for r, log in logs.items() if 'faulty_envs.py", line' in log and "in step" in log]
+    assert len(stuck) == 1 and "in collect" in logs[stuck[0]], {r: log[-1500:] for r, log in logs.items()}
+    assert all("Current thread" in log or "Thread 0x" in log for log in logs.values())  # both ranks dumped
+    assert proc.stdout == "" and time.time() - t0 < 240
+    assert _processes_of(run_dir) == []
+    assert list_checkpoints(os.path.join(run_dir, "checkpoints"))  # --resume has a checkpoint to continue from
 
 
 @pytest.mark.integration

@@ -14,7 +14,15 @@ The launcher (this process) never imports MindSpore. It
 the job: the launcher watches the workers' pids, and a worker gone without passing through Python's exit (killed,
 a segfault, ``os._exit``: no ``rank_<r>.exit`` marker, which each worker writes at its interpreter's exit) stops the
 job within about a second; msrun alone would wait for its scheduler's heartbeat timeout (measured here: ~30 s from
-the kill to the exit). A worker that hangs without dying is not detected.
+the kill to the exit).
+
+A worker that hangs without dying (an env stuck in ``step``, a deadlock) stops the others at their next collective,
+so the whole job stops making progress. Each worker touches its ``rank_<r>.beat`` marker at the end of every
+iteration (:func:`beat`); once every live rank has ended its first iteration (start-up and the first graph
+compilations are not timed: they can take minutes), and when no live rank has ended one for ``hang_timeout``
+seconds (``parallel.hang_timeout``; 0: never), the launcher sends each rank :data:`STACK_SIGNAL`, on which Python's
+``faulthandler`` prints every thread's stack into that rank's log, then stops the job and names the ranks in a
+one-line error.
 """
 from __future__ import annotations
 
@@ -31,6 +39,9 @@ import time
 from typing import Dict, List, Optional
 
 RANK_PID_DIR = "msrun"
+#: a worker prints the Python stack of each of its threads into its log on this signal (``faulthandler``)
+STACK_SIGNAL = signal.SIGUSR1
+_beat_marker: Optional[str] = None  # (in a worker: its rank_<r>.beat, touched by beat())
 
 
 def free_port() -> int:
@@ -56,8 +67,11 @@ def msrun_executable() -> str:
 def write_rank_pid(run_dir: str, rank: int) -> None:
     """Called by each worker: lets the launcher map a dead process to its rank, and tell a worker that exited
     through Python (``rank_<r>.exit``, written at interpreter exit: success or a reported error) from one that
-    died."""
+    died; :func:`beat` marks its progress, and :data:`STACK_SIGNAL` prints its Python stacks into its log."""
     import atexit
+    import faulthandler
+
+    global _beat_marker
 
     d = os.path.join(run_dir, RANK_PID_DIR)
     os.makedirs(d, exist_ok=True)
@@ -67,6 +81,8 @@ def write_rank_pid(run_dir: str, rank: int) -> None:
         f.write(str(pid))
     alive = os.path.join(d, f"rank_{rank}.alive")
     open(alive, "w").close()  # renamed to rank_<r>.exit at exit: a rename needs no free space (a full disk)
+    _beat_marker = os.path.join(d, f"rank_{rank}.beat")
+    faulthandler.register(STACK_SIGNAL, all_threads=True)  # (to sys.stderr: msrun's worker_<r>.log)
     os.replace(tmp, os.path.join(d, f"rank_{rank}.pid"))
 
     def exited():
@@ -77,6 +93,47 @@ def write_rank_pid(run_dir: str, rank: int) -> None:
                 pass
 
     atexit.register(exited)
+
+
+def beat() -> None:
+    """In a worker, at the end of each iteration: touch ``rank_<r>.beat`` (an empty file: no data is written). A
+    no-op outside a ``--workers`` job."""
+    if _beat_marker is not None:
+        try:
+            try:
+                os.utime(_beat_marker)
+            except FileNotFoundError:  # the first iteration's end
+                open(_beat_marker, "a").close()
+        except OSError:
+            pass
+
+
+def stalled_workers(log_dir: str, hang_timeout: float, now: Optional[float] = None) -> List[tuple]:
+    """``[(rank, pid, seconds since its last beat)]`` for every live rank (no exit marker) when ALL of them have
+    been silent for more than ``hang_timeout`` seconds (ranks train in lockstep: one stuck rank soon blocks the
+    others in a collective), else ``[]``; also ``[]`` while a live rank has not ended its first iteration (no
+    ``rank_<r>.beat`` yet). Ranks that have not written their pid yet are not counted."""
+    now = time.time() if now is None else now
+    found = []
+    for rank, pid in sorted(_rank_pids(log_dir).items()):
+        if os.path.exists(os.path.join(log_dir, f"rank_{rank}.exit")) or not _alive(pid):
+            continue
+        try:
+            age = now - os.stat(os.path.join(log_dir, f"rank_{rank}.beat")).st_mtime
+        except OSError:
+            return []  # (still in its first iteration)
+        if age <= hang_timeout:
+            return []
+        found.append((rank, pid, age))
+    return found
+
+
+def _dump_stacks(stalled: List[tuple]) -> None:
+    for _, pid, _ in stalled:
+        try:
+            os.kill(pid, STACK_SIGNAL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _stat(pid: int) -> List[str]:
@@ -165,13 +222,21 @@ def _stop_job_now(proc, grace: float) -> None:
                 pass
 
 
-def _watch(proc, log_dir: str, found: list, interval: float = 0.2) -> None:
+def _watch(proc, log_dir: str, found: list, hung: list, hang_timeout: float = 0.0, interval: float = 0.2) -> None:
     """Until msrun ends: a worker that died (:func:`dead_workers`) ends the job now; msrun alone would wait for its
-    scheduler's heartbeat timeout (~30 s)."""
+    scheduler's heartbeat timeout (~30 s). With ``hang_timeout`` > 0, a job whose ranks all stopped making progress
+    (:func:`stalled_workers`) has its stacks printed into the workers' logs, then is stopped."""
     while proc.poll() is None:
         pids = dead_workers(log_dir)
         if pids:
             found.extend(pids)
+            _stop_job(proc)
+            return
+        stalled = stalled_workers(log_dir, hang_timeout) if hang_timeout > 0 else []
+        if stalled:
+            hung.extend(stalled)
+            _dump_stacks(stalled)
+            time.sleep(1.0)  # (faulthandler writes from a signal handler: a moment for the logs)
             _stop_job(proc)
             return
         time.sleep(interval)
@@ -233,13 +298,13 @@ def msrun_env(environ) -> dict:
 
 
 def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, timeout: float,
-           stream=sys.stderr) -> int:
+           stream=sys.stderr, hang_timeout: float = 0.0) -> int:
     """Run ``python -m scalebox_ms.train <worker_args>`` as ``workers`` msrun ranks; returns the exit code."""
     log_dir = os.path.join(run_dir, RANK_PID_DIR)
     created = fresh and not os.path.exists(run_dir)
     os.makedirs(log_dir, exist_ok=True)
     # a previous launch's files (resume): not this job's
-    for pattern in ("rank_*.pid", "rank_*.alive", "rank_*.exit", "worker_*.log", "scheduler.log"):
+    for pattern in ("rank_*.pid", "rank_*.alive", "rank_*.beat", "rank_*.exit", "worker_*.log", "scheduler.log"):
         for stale in glob.glob(os.path.join(log_dir, pattern)):
             os.unlink(stale)
     port = free_port()
@@ -257,10 +322,11 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     proc = None
     dead_pid = None
     died: list = []  # (filled by the watcher thread)
+    hung: list = []  # (rank, pid, seconds silent) of a job stopped as hung (filled by the watcher thread)
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
                                 errors="replace", start_new_session=True, preexec_fn=_default_sigint)
-        threading.Thread(target=_watch, args=(proc, log_dir, died), daemon=True).start()
+        threading.Thread(target=_watch, args=(proc, log_dir, died, hung, hang_timeout), daemon=True).start()
         for line in proc.stdout:
             m = re.search(r"Worker process (\d+) exit with exception", line)
             if m and dead_pid is None:
@@ -280,11 +346,17 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
         if main:
             signal.signal(signal.SIGTERM, old_term)
             signal.signal(signal.SIGINT, old_int)
-    if rc == 0 and not died:
+    if rc == 0 and not died and not hung:
         return 0
-    message = _worker_error(run_dir)
+    message = None if hung else _worker_error(run_dir)
     code = 2 if message else 1
-    if message is None:
+    if hung:
+        ages = ", ".join(f"rank {r} (pid {p}): {age:.0f} s" for r, p, age in hung)
+        logs = ", ".join(f"worker_{r}.log" for r, _, _ in hung)
+        message = (f"data-parallel job stopped after {time.time() - t0:.0f} s: no rank ended an iteration for more "
+                   f"than {hang_timeout:g} s (parallel.hang_timeout; {ages}); each rank's Python stacks are at the "
+                   f"end of its log ({logs} in {log_dir})")
+    elif message is None:
         # msrun's report names the first it saw (it then kills the others); else every worker found dead
         pids = [dead_pid] if dead_pid is not None else died
         who = " and ".join(f"rank {r} (pid {p})" if r is not None else f"pid {p}"

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..config_yaml import first_line
 from ..errors import ScaleboxError, user_code_origin
+from ..parallel.launcher import beat
 
 
 class Returns(list):
@@ -100,6 +101,7 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
             ep_return += np.where(valid, reward, 0.0)
             done = (np.asarray(terminated) | np.asarray(truncated)) & valid
             for i in np.flatnonzero(done):
+                beat()  # (a --workers job's rank 0 evaluating after training: an episode is progress)
                 if counts[i] < targets[i]:
                     if spoilt[i]:
                         result.replayed += 1

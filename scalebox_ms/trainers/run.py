@@ -244,9 +244,19 @@ def _rank_hashes(trainer) -> dict:
     return out
 
 
+class ProgressBeat(Callback):
+    """``--workers`` ranks: each iteration's end is a sign of progress for the launcher's hang watch
+    (:func:`scalebox_ms.parallel.launcher.beat`)."""
+
+    def on_iteration_end(self, trainer, metrics):
+        from ..parallel.launcher import beat
+
+        beat()
+
+
 def _follow(trainer, until: Optional[int]):
     """Ranks > 0: train in lockstep with rank 0 (same collectives), write nothing, return no summary."""
-    trainer.learn(until=until)
+    trainer.learn(until=until, callbacks=[ProgressBeat()])
     _rank_hashes(trainer)
     return None
 
@@ -370,7 +380,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     metrics_path = os.path.join(run_dir, "metrics.csv")
     writer = MetricsWriter(metrics_path, METRIC_COLUMNS if cfg.algo == "ppo" else OFF_POLICY_COLUMNS)
     saver = CheckpointSaver(ckpt_dir, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
-    callbacks: List[Callback] = [writer, saver, stopper]
+    callbacks: List[Callback] = [writer, saver, stopper, ProgressBeat()]
     show = cfg.run.progress if progress is None else progress
     if show:
         callbacks.append(ProgressBar(cfg.run.total_steps))
