@@ -144,6 +144,23 @@ def test_resume_refuses_an_edited_config_but_allows_more_total_steps(run_copy):
     assert summary["global_step"] == 320 and summary["total_steps"] == 320 and summary["status"] == "completed"
 
 
+def test_resume_of_a_checkpoint_written_before_a_config_key_existed(run_copy):
+    """A key added since the checkpoint was written (absent from its sidecar's config) takes its default instead of
+    counting as an edit; the launcher's timeouts may be edited in config.yaml before a resume."""
+    path = ckpt(run_copy, 192)
+    with open(path) as f:
+        config = json.load(f)["config"]
+    del config["parallel"]["hang_timeout"]  # (added 2026-12-03)
+    _edit_sidecar(path, True, config=config)
+    _edit_config(run_copy, "hang_timeout: 1800.0", "hang_timeout: 3600.0")
+    _edit_config(run_copy, "timeout: 300.0", "timeout: 600.0")
+    summary = train_run(resume=run_copy, log=quiet)
+    assert summary["status"] == "completed" and summary["global_step"] == 256
+    _edit_config(run_copy, "gamma: 0.98", "gamma: 0.9")  # (still refused: a key of the maths)
+    with pytest.raises(ConfigError, match="ppo.gamma=0.98 -> 0.9"):
+        train_run(resume=run_copy, log=quiet)
+
+
 # ---------------------------------------------------------------- 4 + 5: killed before the first checkpoint; locks
 def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_at_step_zero(tmp_path):
     run_dir = tmp_path / "run"

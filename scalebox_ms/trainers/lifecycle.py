@@ -18,9 +18,9 @@ from .checkpoint import newest_intact, resolve_checkpoint, verify_checkpoint
 from .ppo import Callback
 
 # config keys a resumed run may change: the horizon (run.total_steps extends or shortens the run, and with it the
-# linear schedules' horizon) and bookkeeping that does not enter the maths
+# linear schedules' horizon) and bookkeeping that does not enter the maths (the launcher's timeouts included)
 RESUMABLE_KEYS = ("run.total_steps", "run.progress", "run.checkpoint_every", "run.keep_checkpoints",
-                  "run.eval_episodes", "run.save_replay")
+                  "run.eval_episodes", "run.save_replay", "parallel.timeout", "parallel.hang_timeout")
 
 
 def select_checkpoint(run_dir: str, chosen: Optional[str]) -> Optional[str]:
@@ -80,9 +80,21 @@ def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
     return out
 
 
+def _with_defaults(trained: dict) -> dict:
+    """A checkpoint's config as this version reads it: keys added since it was written take their defaults (configs
+    before ``algo`` existed: ppo); one this version cannot read is compared as written."""
+    from ..config import Config
+
+    written = {"algo": "ppo", **trained}
+    try:
+        return Config.from_dict(written).to_dict()
+    except (ConfigError, TypeError, ValueError):
+        return written
+
+
 def check_config_unchanged(run_dir: str, prefix: str, trained: dict, current: dict) -> None:
     """Refuse a config.yaml edited since the checkpoint was written (except :data:`RESUMABLE_KEYS`)."""
-    old, new = _flatten({"algo": "ppo", **trained}), _flatten(current)  # (configs before `algo` existed: ppo)
+    old, new = _flatten(_with_defaults(trained)), _flatten(current)
     changed: List[str] = [f"{k}={old.get(k, '(absent)')} -> {new.get(k, '(absent)')}"
                           for k in sorted(set(old) | set(new)) if k not in RESUMABLE_KEYS and old.get(k) != new.get(k)]
     if changed:
