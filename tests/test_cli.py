@@ -225,8 +225,9 @@ def test_data_parallel_launch_holds_the_run_lock_for_its_ranks(tmp_path, monkeyp
 
     seen = {}
 
-    def fake_launch(worker_args, workers, run_dir, fresh, timeout, stream=None):
+    def fake_launch(worker_args, workers, run_dir, fresh, timeout, stream=None, hang_timeout=None):
         seen["held_by_launcher"] = held_by_launcher(run_dir)
+        seen["timeouts"] = (timeout, hang_timeout)
         with pytest.raises(ConfigError, match=f"pid {os.getpid()}"):
             RunLock(run_dir).acquire()
         with open(os.path.join(run_dir, "summary.json"), "w") as f:
@@ -235,7 +236,8 @@ def test_data_parallel_launch_holds_the_run_lock_for_its_ranks(tmp_path, monkeyp
 
     monkeypatch.setattr(launcher, "launch", fake_launch)
     run_dir = tmp_path / "run"
-    assert main(["--workers", "2", "--run-dir", str(run_dir), "--no-progress"]) == 0
-    assert seen == {"held_by_launcher": True}
+    assert main(["--workers", "2", "--run-dir", str(run_dir), "--no-progress", "--set",
+                 "parallel.hang_timeout=42"]) == 0
+    assert seen == {"held_by_launcher": True, "timeouts": (300.0, 42.0)}  # the config's, to the launcher
     assert HELD_ENV not in os.environ and not (run_dir / "train.lock").exists()
     assert json.loads(capsys.readouterr().out)["status"] == "completed"
