@@ -116,10 +116,9 @@ class OffPolicyTrainer(Trainer):
         self.policy_call = PolicyCall(self.learner, deterministic=False)
         self.deterministic_call = PolicyCall(self.learner, deterministic=True)
         self._values = ParameterValues([("model." + n, p) for n, p in self.learner.parameters_and_names()])
-        phase_steps = o.train_freq
-        self.phases_per_iteration = max(1, -(-checkpoint.OFFPOLICY_ITERATION_STEPS // self.phase_rows))
-        self.steps_per_iteration = self.phases_per_iteration * self.phase_rows
-        self._phase_steps = phase_steps
+        self.steps_per_iteration = checkpoint.steps_per_iteration(cfg.to_dict())  # (the sidecar check's own rule)
+        self.phases_per_iteration = self.steps_per_iteration // self.phase_rows
+        self._phase_steps = o.train_freq
         self._pending: Optional[np.ndarray] = None  # the policy output for the observation _pending_obs
         self._pending_obs: Optional[np.ndarray] = None
         # zeros in the shapes of the noise inputs, for phases without gradient steps or policy output
