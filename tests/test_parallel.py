@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import mindspore as ms
@@ -440,6 +441,25 @@ def test_stopping_the_job_leaves_no_process_of_its_own_sessions_behind(tmp_path)
     while any(_alive(k) for k in kids) and time.time() < deadline:
         time.sleep(0.1)  # (orphans are reaped by init)
     assert not any(_alive(k) for k in kids)
+
+
+def test_a_second_stop_waits_until_the_first_has_stopped_the_job(tmp_path):
+    """Ctrl-C while the watcher thread is already stopping the job (a dead or hung worker): the main thread's
+    ``_stop_job`` must not return (and let the launcher exit) while msrun still runs; here a stand-in msrun that
+    ignores SIGINT, so only the first stop's SIGKILL after its grace ends it."""
+    from scalebox_ms.parallel.launcher import _alive, _stop_job
+
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGINT, "
+                             "signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    first = threading.Thread(target=_stop_job, args=(proc,), kwargs={"grace": 3.0})
+    first.start()
+    time.sleep(0.5)  # the first stop is inside its grace period
+    _stop_job(proc, grace=3.0)
+    assert not _alive(proc.pid) and proc.poll() is not None
+    first.join(10)
+    assert not first.is_alive()
 
 
 def test_dead_workers_are_gone_pids_without_their_exit_marker(tmp_path):

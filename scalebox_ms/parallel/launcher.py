@@ -195,14 +195,12 @@ _stopping = threading.Lock()
 
 def _stop_job(proc, grace: float = 10.0) -> None:
     """msrun's own Ctrl-C path (SIGINT: it SIGKILLs its workers' process groups and its scheduler), then SIGKILL
-    for whatever of msrun and its children (each in its own session) still runs after ``grace`` seconds. Only
-    one thread stops the job (the pid watcher and a Ctrl-C may both ask)."""
-    if not _stopping.acquire(blocking=False):
-        return
-    try:
+    for whatever of msrun and its children (each in its own session) still runs after ``grace`` seconds. The pid
+    watcher and a Ctrl-C may both ask: the second caller waits until the first has stopped the job (returning at
+    once would let the launcher exit, and its watcher thread with it, before the SIGKILL sweep), then finds
+    nothing left to stop."""
+    with _stopping:
         _stop_job_now(proc, grace)
-    finally:
-        _stopping.release()
 
 
 def _stop_job_now(proc, grace: float) -> None:
