@@ -8,13 +8,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def small_config(**sections):
-    """A CartPole config that trains in a second or two."""
+    """A CartPole config that trains in a second or two, with the presets' ``ppo.update_kernel: auto`` (the C++
+    update kernel here; the library's default, ``builtin``, compiles the update graph: ~5 s per trainer on a slow
+    CPU). Tests of the compiled update graph set ``builtin`` themselves."""
     from scalebox_ms import Config
 
     data = {
         "env": {"id": "CartPole-v1", "num_envs": 4},
         "ppo": {"n_steps": 16, "batch_size": 32, "n_epochs": 2, "learning_rate": 1e-3, "lr_schedule": "linear",
-                "clip_schedule": "linear", "gamma": 0.98, "gae_lambda": 0.8},
+                "clip_schedule": "linear", "gamma": 0.98, "gae_lambda": 0.8, "update_kernel": "auto"},
         "run": {"seed": 3, "total_steps": 256, "progress": False},
     }
     for name, values in sections.items():

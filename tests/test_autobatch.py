@@ -7,6 +7,10 @@ from scalebox_ms.trainers import Callback, PPOTrainer
 from scalebox_ms.trainers.autobatch import candidate_sizes, choose, halve, is_oom_error
 
 
+# batch_size auto probes with the compiled update graph; the fixed-size trainers it is compared with use it too
+GRAPH = {"update_kernel": "builtin"}
+
+
 def test_candidate_sizes():
     assert candidate_sizes(4096, 64, 1024) == [64, 128, 256, 512, 1024]
     assert candidate_sizes(256, 64, 1024) == [64, 128, 256]
@@ -35,30 +39,30 @@ def test_halve_and_oom_detection():
 
 def test_auto_config_validation():
     with pytest.raises(ConfigError, match="no size in"):
-        PPOTrainer(small_config(), batch_size="auto", min_batch=100, max_batch=120)
+        PPOTrainer(small_config(ppo=GRAPH), batch_size="auto", min_batch=100, max_batch=120)
     with pytest.raises(ConfigError, match="must be an integer or 'auto'"):
-        PPOTrainer(small_config(), batch_size="big")
+        PPOTrainer(small_config(ppo=GRAPH), batch_size="big")
 
 
 def test_probing_leaves_training_identical_to_the_chosen_fixed_size(tmp_path):
-    auto = PPOTrainer(small_config(), batch_size="auto", min_batch=16, max_batch=64)
+    auto = PPOTrainer(small_config(ppo=GRAPH), batch_size="auto", min_batch=16, max_batch=64)
     auto.learn(until=128)
     table = auto.auto_batch["table"]
     assert [r["batch_size"] for r in table] == [16, 32, 64] and all(r["samples_per_s"] > 0 for r in table)
     chosen = auto.batch_size
     assert chosen == auto.auto_batch["chosen"] in (16, 32, 64)
-    fixed = PPOTrainer(small_config(), batch_size=chosen)
+    fixed = PPOTrainer(small_config(ppo=GRAPH), batch_size=chosen)
     fixed.learn(until=128)
     assert auto.parameters_sha256() == fixed.parameters_sha256()  # probes restored params and optimizer state
     path = auto.save(str(tmp_path / "ck"))
-    resumed = PPOTrainer(small_config(), batch_size="auto", min_batch=16, max_batch=64).load(path)
+    resumed = PPOTrainer(small_config(ppo=GRAPH), batch_size="auto", min_batch=16, max_batch=64).load(path)
     assert resumed.batch_size == chosen and resumed.auto_batch["table"] == table  # no new probe
     for t in (auto, fixed, resumed):
         t.close()
 
 
 def test_out_of_memory_halves_and_redoes_the_update():
-    tr = PPOTrainer(small_config(), batch_size="auto", min_batch=16, max_batch=64)
+    tr = PPOTrainer(small_config(ppo=GRAPH), batch_size="auto", min_batch=16, max_batch=64)
     tr.runner.batch_size = 64  # as if probed earlier
     tr.runner.auto_batch = {"chosen": 64, "table": [], "events": []}
     graph = tr.runner.run_minibatches  # GraphMinibatches: one compiled-step call per minibatch

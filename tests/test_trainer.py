@@ -52,8 +52,9 @@ def test_callback_can_stop_and_until_pauses(small_cfg):
     tr.close()
 
 
-def test_target_kl_stops_the_update_early():
-    cfg = small_config(ppo={"target_kl": 1e-6, "n_epochs": 10, "learning_rate": 0.01})
+@pytest.mark.parametrize("kernel", ["builtin", "auto"])
+def test_target_kl_stops_the_update_early(kernel):
+    cfg = small_config(ppo={"target_kl": 1e-6, "n_epochs": 10, "learning_rate": 0.01, "update_kernel": kernel})
     tr = PPOTrainer(cfg)
     rec = Recorder()
     tr.learn(callbacks=[rec])
@@ -89,7 +90,9 @@ def test_continuous_actions_clip_to_bounds_and_learn_step():
     tr.close()
 
 
-def test_checkpoint_roundtrip_restores_everything(tmp_path, small_cfg):
+@pytest.mark.parametrize("kernel", ["builtin", "auto"])  # the update graph's optimizer state, and the C++ kernel's
+def test_checkpoint_roundtrip_restores_everything(tmp_path, kernel):
+    small_cfg = small_config(ppo={"update_kernel": kernel})
     a = PPOTrainer(small_cfg)
     a.learn(until=128)
     path = a.save(str(tmp_path / "ck"))
@@ -191,8 +194,9 @@ def test_metrics_report_phase_shares(small_cfg):
     tr.close()
 
 
-def test_load_into_a_trainer_that_already_ran_its_graphs(tmp_path, small_cfg):
+def test_load_into_a_trainer_that_already_ran_its_graphs(tmp_path):
     """Compiled graphs must see loaded parameters (MindSpore's set_data alone would be invisible to them)."""
+    small_cfg = small_config(ppo={"update_kernel": "builtin"})  # (the update as a compiled graph too)
     a = PPOTrainer(small_cfg)
     a.learn(until=128)
     path = a.save(str(tmp_path / "ck"))
