@@ -144,30 +144,44 @@ def reset_obs(env_id, seed=5):
         probe.close()
 
 
-def test_ppo_learns_from_an_image_and_a_vector_and_exports(tmp_path):
-    """BrightSideDict needs both parts (the sign flips the answer): random 4, best 8. The rollout holds the packed
-    float32 columns, the C++ kernels fall back, the Box column alone is normalised; the exported policy takes the
-    raw Dict leaves (HWC uint8 frame) and acts like predict; INT8 L1 quantizes both CNN and MLP."""
+def test_ppo_on_an_image_and_a_vector_exports(tmp_path):
+    """The rollout holds the packed float32 columns, the C++ kernels fall back, the Box column alone is normalised;
+    the exported policy takes the raw Dict leaves (HWC uint8 frame) and acts like predict; INT8 L1 quantizes both
+    CNN and MLP. (That PPO learns this env, and INT8's agreement on a learned policy: the slow test below.)"""
     from scalebox_ms.export import MindIRPolicy, export_mindir
+    from scalebox_ms.quant import DynamicQuantizer
     from scalebox_ms.quant.ptq import QuantCombinedFeatures
 
-    tr = PPOTrainer(ppo_config(8192))
+    tr = PPOTrainer(ppo_config(512))
     try:
         assert tr.act_step.kernel == "builtin" and type(tr.update_step).__name__ == "PPOUpdateStep"
         assert type(tr.model.features).__name__ == "CombinedFeatures" and tr.spec.obs_dim == 1 + 1600
         assert tr.obs_normalizer.mask.tolist() == [True] + [False] * 1600
         tr.learn()
-        assert np.mean(evaluate_policy(tr, episodes=20)) >= 7.0
         obs = reset_obs("BrightSideDict-v0")
         np.testing.assert_array_equal(exported_actions(tr, "BrightSideDict-v0", tmp_path), tr.predict(obs))
-        int8 = str(tmp_path / "int8.mindir")
-        sc = export_mindir(tr, int8, int8=True, calibrate_steps=16)
+        sc = export_mindir(tr, str(tmp_path / "int8.mindir"), int8=True, calibrate_steps=16)
         assert sc["quantization"]["level"] == "L1"
-        assert (MindIRPolicy(int8)(obs) == tr.predict(obs)).mean() >= 0.9
-        from scalebox_ms.quant import DynamicQuantizer
-
+        assert MindIRPolicy(str(tmp_path / "int8.mindir"))(obs).shape == tr.predict(obs).shape
         q = DynamicQuantizer(16)(tr, tr.normalize_obs(obs))
         assert isinstance(q.layers[0], QuantCombinedFeatures)
+    finally:
+        tr.close()
+
+
+@pytest.mark.slow  # ~50 s on 2 cores
+def test_ppo_learns_from_an_image_and_a_vector(tmp_path):
+    """BrightSideDict needs both parts (the sign flips the answer): random 4, best 8; INT8 L1 of the learned policy
+    takes the same actions as predict on >= 90% of the frames."""
+    from scalebox_ms.export import MindIRPolicy, export_mindir
+
+    tr = PPOTrainer(ppo_config(8192))
+    try:
+        tr.learn()
+        assert np.mean(evaluate_policy(tr, episodes=20)) >= 7.0
+        obs = reset_obs("BrightSideDict-v0")
+        export_mindir(tr, str(tmp_path / "int8.mindir"), int8=True, calibrate_steps=16)
+        assert (MindIRPolicy(str(tmp_path / "int8.mindir"))(obs) == tr.predict(obs)).mean() >= 0.9
     finally:
         tr.close()
 
