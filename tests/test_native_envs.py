@@ -37,34 +37,41 @@ ATOL = {"Acrobot-v1": 5e-3}
 
 
 @pytest.mark.parametrize("env_id", SUPPORTED)
-def test_teacher_forced_steps_match_gymnasium(env_id):
-    native, ref = make_native(env_id, 1), gym.make(env_id)
+def test_teacher_forced_steps_match_gymnasium(env_id, n=2500, batch=500):
+    """``n`` transitions of gymnasium's env (state, elapsed steps, action -> obs, reward, term, trunc), replayed by
+    the native env ``batch`` at a time: each of its envs is set to one recorded state and steps once."""
+    ref = gym.make(env_id)
     rng = np.random.default_rng(1)
     ref.reset(seed=1)
     ref.action_space.seed(1)
     limit = time_limit(ref)
-    t, counts = 0, {"term": 0, "trunc": 0}
-    for i in range(2500):
+    t, rows = 0, []
+    for i in range(n):
         if i % 7 == 3:  # jump somewhere else in the state space
             ref.unwrapped.state = broad_state(env_id, rng)
         if i % 53 == 17:  # and close to the time limit
             t = limit._elapsed_steps = limit._max_episode_steps - 1
         state = np.array(ref.unwrapped.state, np.float64)
-        native.set_state(state[None], steps=np.array([t]))
         a = ref.action_space.sample()
         obs, rew, term, trunc, _ = ref.step(a)
-        nobs, nrew, nterm, ntrunc, _ = native.step(np.array([a]))
+        rows.append((state, t, a, obs, rew, term, trunc))
         t += 1
-        np.testing.assert_allclose(nobs[0], obs, rtol=1e-5, atol=ATOL.get(env_id, 2e-5), err_msg=f"step {i}")
-        assert nrew[0] == pytest.approx(rew, rel=1e-5, abs=1e-5), i
-        assert (bool(nterm[0]), bool(ntrunc[0])) == (term, trunc), i
-        counts["term"] += term
-        counts["trunc"] += trunc
         if term or trunc:
             ref.reset()
             t = 0
-    assert counts["term"] > 0 or env_id == "Pendulum-v1", "terminations must be exercised"
-    assert counts["trunc"] > 0, "truncations must be exercised"
+    native = make_native(env_id, batch)
+    for b0 in range(0, n, batch):
+        state, steps, actions, obs, rew, term, trunc = (np.array(c) for c in zip(*rows[b0:b0 + batch]))
+        native.set_state(state, steps=steps)
+        nobs, nrew, nterm, ntrunc, _ = native.step(actions)
+        for j in range(batch):
+            np.testing.assert_allclose(nobs[j], obs[j], rtol=1e-5, atol=ATOL.get(env_id, 2e-5),
+                                       err_msg=f"step {b0 + j}")
+            assert nrew[j] == pytest.approx(rew[j], rel=1e-5, abs=1e-5), b0 + j
+        np.testing.assert_array_equal(nterm.astype(bool), term)
+        np.testing.assert_array_equal(ntrunc.astype(bool), trunc)
+    assert sum(r[5] for r in rows) > 0 or env_id == "Pendulum-v1", "terminations must be exercised"
+    assert sum(r[6] for r in rows) > 0, "truncations must be exercised"
 
 
 def test_spaces_are_gymnasiums():
