@@ -164,6 +164,16 @@ def test_export_and_evaluate_cli(tmp_path):
     assert r.returncode == 0 and os.path.exists(run_dir / "policy.mindir")
 
 
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One trained run directory for the bad-input tests (each checks that it leaves the directory unchanged)."""
+    run_dir = tmp_path_factory.mktemp("bad_input") / "run"
+    r = run_module("train", "--total-steps", 64, "--run-dir", run_dir, "--no-progress", "--set", "env.num_envs=4",
+                   "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32", "--set", "run.eval_episodes=0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return run_dir
+
+
 @pytest.mark.parametrize("args, culprit", [
     (["--output", "x.onnx"], "must end with .mindir"),
     (["--quant-level", "L2"], "need --int8"),
@@ -171,11 +181,8 @@ def test_export_and_evaluate_cli(tmp_path):
     (["--int8", "--quant-level", "L9"], "--quant-level"),
 ])
 @pytest.mark.integration
-def test_export_bad_input(tmp_path, args, culprit):
-    run_dir = tmp_path / "run"
-    r = run_module("train", "--total-steps", 64, "--run-dir", run_dir, "--no-progress", "--set", "env.num_envs=4",
-                   "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32", "--set", "run.eval_episodes=0")
-    assert r.returncode == 0
+def test_export_bad_input(tiny_run, args, culprit):
+    run_dir = tiny_run
     before = set(os.listdir(run_dir))
     r = run_module("export", "--run", run_dir, *args)
     assert r.returncode == 2 and culprit in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
