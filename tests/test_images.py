@@ -129,8 +129,15 @@ def test_nature_cnn_matches_a_numpy_forward_pass():
 
 
 # ---------------------------------------------------------------------------------------------- PPO
-def test_ppo_learns_from_pixels_with_uint8_rollouts(caplog):
+@pytest.mark.integration
+def test_ppo_learns_from_pixels_with_uint8_rollouts_and_exports(caplog, tmp_path):
+    """PPO learns BrightSide from uint8 frames kept as uint8; the exported CNN policy takes HWC frames and acts like
+    predict in a process without scalebox_ms; INT8 L1 quantizes the convolutions (per output channel) and agrees
+    with predict; L2 is refused."""
     import mindspore as ms
+
+    from scalebox_ms.export import MindIRPolicy, export_mindir
+    from scalebox_ms.quant.ptq import QuantConv
 
     with caplog.at_level(logging.INFO, logger="scalebox_ms"):
         tr = PPOTrainer(image_config())
@@ -141,8 +148,21 @@ def test_ppo_learns_from_pixels_with_uint8_rollouts(caplog):
         assert tr.obs_normalizer is None
         tr.learn()
         assert np.mean(evaluate_policy(tr, episodes=10)) >= 7.5  # best 8, random 4
+        frames = bright_frames(seed=3)
+        np.testing.assert_array_equal(exported_actions(tr, frames, tmp_path), tr.predict(frames))
+        path = str(tmp_path / "p_int8.mindir")
+        sc = export_mindir(tr, path, int8=True, calibrate_steps=16)
+        assert sc["quantization"]["level"] == "L1" and "convolutions" in sc["quantization"]["weights"]
+        frames = bright_frames(seed=4)
+        agree = (MindIRPolicy(path)(frames) == tr.predict(frames)).mean()
+        assert agree >= 0.9, agree
+        with pytest.raises(ConfigError, match="quantize: NatureCNN policies quantize at L1"):
+            export_mindir(tr, str(tmp_path / "p_l2.mindir"), int8=True, quant_level="L2", calibrate_steps=8)
     finally:
         tr.close()
+    conv = QuantConv(np.random.default_rng(0).standard_normal((3, 2, 4, 4)).astype(np.float32), np.zeros(3), 2, True)
+    q, scale = conv.weight_int8.asnumpy(), conv.scale.asnumpy()
+    assert q.dtype == np.int8 and scale.shape == (3, 1, 1, 1) and np.abs(q).reshape(3, -1).max(1).tolist() == [127] * 3
 
 
 def test_separate_feature_extractors():
@@ -179,9 +199,13 @@ def dqn_image_config(steps=3000, extra=None, **dqn):
     })
 
 
-def test_dqn_learns_from_pixels_with_a_uint8_replay_buffer(caplog, tmp_path):
+@pytest.mark.integration
+def test_dqn_learns_from_pixels_with_a_uint8_replay_buffer_and_exports(caplog, tmp_path):
+    """DQN learns BrightSide from a uint8 replay buffer; a checkpoint round-trips; the exported Q-network (argmax)
+    and its INT8 L1 version act like predict."""
     import mindspore as ms
 
+    from scalebox_ms.export import MindIRPolicy, export_mindir
     from scalebox_ms.trainers import DQNTrainer, load_trainer
 
     with caplog.at_level(logging.INFO, logger="scalebox_ms"):
@@ -208,6 +232,12 @@ def test_dqn_learns_from_pixels_with_a_uint8_replay_buffer(caplog, tmp_path):
             np.testing.assert_array_equal(back.predict(frames), tr.predict(frames))
         finally:
             back.close()
+        frames = bright_frames(seed=3)
+        np.testing.assert_array_equal(exported_actions(tr, frames, tmp_path), tr.predict(frames))
+        path = str(tmp_path / "q_int8.mindir")
+        sc = export_mindir(tr, path, int8=True, calibrate_steps=16)
+        assert sc["quantization"]["level"] == "L1" and "convolutions" in sc["quantization"]["weights"]
+        assert (MindIRPolicy(path)(frames) == tr.predict(frames)).mean() >= 0.9
     finally:
         tr.close()
 
@@ -293,47 +323,6 @@ def test_dqn_on_images_refuses_host_acting_and_amp_before_allocating_the_replay(
         make_trainer(dqn_image_config(extra={"amp": {"level": "O1"}}))
 
 
-@pytest.mark.integration
-def test_dqn_cnn_export_and_int8_match_predict(tmp_path):
-    from scalebox_ms.export import MindIRPolicy, export_mindir
-    from scalebox_ms.trainers import DQNTrainer
-
-    tr = DQNTrainer(dqn_image_config(steps=1200))
-    try:
-        tr.learn()
-        frames = bright_frames(seed=3)
-        np.testing.assert_array_equal(exported_actions(tr, frames, tmp_path), tr.predict(frames))
-        path = str(tmp_path / "q_int8.mindir")
-        sc = export_mindir(tr, path, int8=True, calibrate_steps=16)
-        assert sc["quantization"]["level"] == "L1" and "convolutions" in sc["quantization"]["weights"]
-        assert (MindIRPolicy(path)(frames) == tr.predict(frames)).mean() >= 0.9
-    finally:
-        tr.close()
-
-
-@pytest.mark.integration
-def test_int8_l1_quantizes_the_convolutions_per_channel_and_l2_is_refused(tmp_path):
-    from scalebox_ms.export import MindIRPolicy, export_mindir
-    from scalebox_ms.quant.ptq import QuantConv
-
-    tr = PPOTrainer(image_config(steps=2048))
-    try:
-        tr.learn()
-        path = str(tmp_path / "p_int8.mindir")
-        sc = export_mindir(tr, path, int8=True, calibrate_steps=16)
-        assert sc["quantization"]["level"] == "L1" and "convolutions" in sc["quantization"]["weights"]
-        frames = bright_frames(seed=4)
-        agree = (MindIRPolicy(path)(frames) == tr.predict(frames)).mean()
-        assert agree >= 0.9, agree
-        with pytest.raises(ConfigError, match="quantize: NatureCNN policies quantize at L1"):
-            export_mindir(tr, str(tmp_path / "p_l2.mindir"), int8=True, quant_level="L2", calibrate_steps=8)
-    finally:
-        tr.close()
-    conv = QuantConv(np.random.default_rng(0).standard_normal((3, 2, 4, 4)).astype(np.float32), np.zeros(3), 2, True)
-    q, scale = conv.weight_int8.asnumpy(), conv.scale.asnumpy()
-    assert q.dtype == np.int8 and scale.shape == (3, 1, 1, 1) and np.abs(q).reshape(3, -1).max(1).tolist() == [127] * 3
-
-
 DRIVER = textwrap.dedent("""
     import json, sys
     import numpy as np, mindspore as ms
@@ -359,21 +348,6 @@ def exported_actions(tr, frames, tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=str(tmp_path), env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     return np.asarray(json.loads(r.stdout.strip().splitlines()[-1]))
-
-
-@pytest.mark.integration
-def test_cnn_export_takes_hwc_frames_and_matches_predict(tmp_path):
-    tr = PPOTrainer(image_config(steps=512))
-    try:
-        tr.learn()
-        frames = bright_frames(seed=3)
-        np.testing.assert_array_equal(exported_actions(tr, frames, tmp_path), tr.predict(frames))
-    finally:
-        tr.close()
-
-
-# ---------------------------------------------------------------------------------------------- Atari
-BREAKOUT = "ALE/Breakout-v5"
 
 
 def test_atari_preprocessing_training_and_evaluation_variants():
