@@ -155,13 +155,23 @@ def test_ppo_learns_composite_observations_and_multi_actions(env_id, steps, bar)
         tr.close()
 
 
-def test_ppo_solves_frozenlake_deterministic():
+@pytest.mark.integration
+def test_ppo_solves_frozenlake_deterministic_and_its_int8_export_agrees(tmp_path):
+    """Discrete observations (one-hot): PPO solves FrozenLake; INT8 L1 of the one-hot policy acts like predict."""
+    from scalebox_ms.export import MindIRPolicy, export_mindir
+
     cfg = Config.from_dict({**ppo_config("FrozenLake-v1", 8192).to_dict(), "env": {
         "id": "FrozenLake-v1", "num_envs": 8, "kwargs": {"is_slippery": False}}})
     tr = PPOTrainer(cfg)
     try:
         tr.learn()
         assert np.mean(evaluate_policy(tr, episodes=20)) == 1.0
+        path = str(tmp_path / "policy_int8.mindir")
+        sc = export_mindir(tr, path, int8=True, calibrate_steps=64)
+        assert sc["quantization"]["level"] == "L1" and sc["input"]["leaves"][0]["kind"] == "discrete"
+        cells = np.arange(16)
+        agree = (MindIRPolicy(path)(cells) == tr.predict(cells)).mean()
+        assert agree >= 0.9, agree
     finally:
         tr.close()
 
@@ -372,7 +382,7 @@ def test_export_of_composite_observations_matches_predict_without_scalebox(env_i
 
 
 @pytest.mark.integration
-def test_export_of_multidiscrete_actions_and_mindir_evaluation(tmp_path):
+def test_export_of_multidiscrete_actions_mindir_evaluation_and_int8_refusal(tmp_path):
     from scalebox_ms.export import MindIRPolicy, evaluate_mindir, export_mindir
 
     tr = PPOTrainer(ppo_config("MultiDiscreteMatch-v0", 512))
@@ -386,6 +396,9 @@ def test_export_of_multidiscrete_actions_and_mindir_evaluation(tmp_path):
         np.testing.assert_array_equal(policy.env_actions(policy(obs)), tr.predict(obs))
         returns = evaluate_mindir(path, episodes=4)
         assert len(returns) == 4 and np.mean(returns) == np.mean(evaluate_policy(tr, episodes=4))
+        with pytest.raises(ConfigError, match="quantize: the INT8 policy implements Discrete and Box actions, not "
+                                              "multidiscrete"):
+            export_mindir(tr, str(tmp_path / "md.mindir"), int8=True, calibrate_steps=16)
     finally:
         tr.close()
 
@@ -410,32 +423,6 @@ def test_custom_env_module_that_cannot_be_imported_is_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("error: env.id: 'no_such_module_xyz:Corridor-v0': cannot import")
     assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.integration
-def test_int8_export_of_one_hot_observations_and_refusal_for_multi_actions(tmp_path):
-    from scalebox_ms.export import MindIRPolicy, export_mindir
-
-    tr = PPOTrainer(Config.from_dict({**ppo_config("FrozenLake-v1", 4096).to_dict(), "env": {
-        "id": "FrozenLake-v1", "num_envs": 8, "kwargs": {"is_slippery": False}}}))
-    try:
-        tr.learn()
-        path = str(tmp_path / "policy_int8.mindir")
-        sc = export_mindir(tr, path, int8=True, calibrate_steps=64)
-        assert sc["quantization"]["level"] == "L1" and sc["input"]["leaves"][0]["kind"] == "discrete"
-        cells = np.arange(16)
-        agree = (MindIRPolicy(path)(cells) == tr.predict(cells)).mean()
-        assert agree >= 0.9, agree
-    finally:
-        tr.close()
-    md = PPOTrainer(ppo_config("MultiDiscreteMatch-v0", 256))
-    try:
-        md.learn()
-        with pytest.raises(ConfigError, match="quantize: the INT8 policy implements Discrete and Box actions, not "
-                                              "multidiscrete"):
-            export_mindir(md, str(tmp_path / "md.mindir"), int8=True, calibrate_steps=16)
-    finally:
-        md.close()
 
 
 def test_predict_names_an_observation_of_the_wrong_shape_or_a_missing_part():
