@@ -350,6 +350,10 @@ def exported_actions(tr, frames, tmp_path):
     return np.asarray(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
+# ---------------------------------------------------------------------------------------------- Atari
+BREAKOUT = "ALE/Breakout-v5"
+
+
 def test_atari_preprocessing_training_and_evaluation_variants():
     train = make_vec_env(BREAKOUT, 1, preprocess="auto")
     evaluation = make_vec_env(BREAKOUT, 1, preprocess="auto", evaluation=True)
