@@ -155,7 +155,6 @@ def test_ppo_learns_composite_observations_and_multi_actions(env_id, steps, bar)
         tr.close()
 
 
-@pytest.mark.integration
 def test_ppo_solves_frozenlake_deterministic_and_its_int8_export_agrees(tmp_path):
     """Discrete observations (one-hot): PPO solves FrozenLake; INT8 L1 of the one-hot policy acts like predict."""
     from scalebox_ms.export import MindIRPolicy, export_mindir
