@@ -53,10 +53,10 @@ TASKS = {
     "sac_pendulum": {"env": "Pendulum-v1", "threshold": -200.0, "eval_every": 1000,
                      "presets": ["sac_pendulum.yaml", "sac_pendulum_native.yaml", "sac_pendulum_fast.yaml"],
                      "sb3": "sac_pendulum"},
-    "dqn_acrobot": {"env": "Acrobot-v1", "threshold": -100.0, "eval_every": 5000, "presets": ["dqn_acrobot.yaml"],
-                    "sb3": "dqn_acrobot"},
-    "td3_pendulum": {"env": "Pendulum-v1", "threshold": -200.0, "eval_every": 1000, "presets": ["td3_pendulum.yaml"],
-                     "sb3": "td3_pendulum"},
+    "dqn_acrobot": {"env": "Acrobot-v1", "threshold": -100.0, "eval_every": 5000,
+                    "presets": ["dqn_acrobot.yaml", "dqn_acrobot_fast.yaml"], "sb3": "dqn_acrobot"},
+    "td3_pendulum": {"env": "Pendulum-v1", "threshold": -200.0, "eval_every": 1000,
+                     "presets": ["td3_pendulum.yaml", "td3_pendulum_fast.yaml"], "sb3": "td3_pendulum"},
 }
 DEFAULT_TASKS = ["cartpole", "acrobot", "pendulum", "dqn_cartpole", "sac_pendulum", "dqn_acrobot", "td3_pendulum"]
 
