@@ -333,8 +333,8 @@ def test_exported_sac_actor_runs_without_scalebox_ms(tmp_path):
 
 
 def test_preset_files_load():
-    for name in ("dqn_cartpole", "dqn_acrobot", "dqn_acrobot_fast", "sac_pendulum", "sac_pendulum_native",
-                 "sac_pendulum_fast", "td3_pendulum", "td3_pendulum_fast", "sac_halfcheetah"):
+    for name in ("dqn_cartpole", "dqn_cartpole_fast", "dqn_acrobot", "dqn_acrobot_fast", "sac_pendulum",
+                 "sac_pendulum_native", "sac_pendulum_fast", "td3_pendulum", "td3_pendulum_fast", "sac_halfcheetah"):
         cfg = load_config(os.path.join(REPO, "configs", f"{name}.yaml"))
         assert cfg.algo == name.split("_")[0]
 
