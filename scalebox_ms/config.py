@@ -114,6 +114,12 @@ class RunConfig:
     keep_checkpoints: int = 3
     #: deterministic evaluation episodes at the end of training (0: none)
     eval_episodes: int = 0
+    #: also evaluate eval_episodes episodes every this many env steps while training (at the first iteration end
+    #: past each multiple; 0: only at the end); each result is in summary.json's "evaluations"
+    eval_every: int = 0
+    #: stop training ("status": "solved") at the first of those evaluations whose mean return reaches this
+    #: (null: train for run.total_steps)
+    stop_return: Optional[float] = None
     progress: bool = True
     #: off-policy algorithms: save the replay buffer with each checkpoint (false: a resumed run refills it)
     save_replay: bool = True

@@ -38,6 +38,8 @@ def validate(cfg: Config) -> None:
     for name, check in _SECTION_CHECKS.items():
         if name not in ALGOS or name == cfg.algo:
             check(getattr(cfg, name))
+    _check(cfg.run.stop_return is None or cfg.parallel.workers == 1, "run.stop_return",
+           "needs parallel.workers 1 (msrun ranks train in lockstep; one rank cannot stop alone)")
     if cfg.algo in OFF_POLICY:
         check_off_policy(cfg)
     else:
@@ -146,6 +148,9 @@ def _check_run(r: RunConfig) -> None:
     _check(r.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {short_repr(r.checkpoint_every)}")
     _check(r.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {short_repr(r.keep_checkpoints)}")
     _check(r.eval_episodes >= 0, "run.eval_episodes", f"must be >= 0, got {short_repr(r.eval_episodes)}")
+    _check(r.eval_every >= 0, "run.eval_every", f"must be >= 0 (0: only at the end), got {short_repr(r.eval_every)}")
+    _check(r.eval_every == 0 or r.eval_episodes >= 1, "run.eval_every", "needs run.eval_episodes >= 1")
+    _check(r.stop_return is None or r.eval_every >= 1, "run.stop_return", "needs run.eval_every >= 1")
 
 
 def _check_sandbox(s: SandboxConfig) -> None:

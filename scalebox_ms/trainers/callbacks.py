@@ -13,6 +13,7 @@ users know as ``EvalCallback`` + ``StopTrainingOnRewardThreshold``::
 Evaluations run on fresh gymnasium envs of the trainer's ``env.id`` (also for ``env.backend: native``), at the
 first iteration end at or after each multiple of ``every_steps``. ``train_s`` is the wall time since training
 started *without* the time spent in evaluations, so evaluating more often does not make training look slower.
+The CLI adds one from the config: ``run.eval_every`` (and ``run.eval_episodes``), ``run.stop_return``.
 """
 from __future__ import annotations
 
@@ -28,13 +29,13 @@ class EvalCallback(Callback):
     """Evaluate every ``every_steps`` env steps; stop training once the mean return reaches ``threshold``."""
 
     def __init__(self, every_steps: int, episodes: int = 10, threshold: Optional[float] = None,
-                 seed: int = 10_000, clock=time.perf_counter):
+                 seed: int = 10_000, clock=time.perf_counter, log=None):
         if int(every_steps) < 1:
             raise ValueError(f"every_steps: must be >= 1, got {every_steps}")
         if int(episodes) < 1:
             raise ValueError(f"episodes: must be >= 1, got {episodes}")
         self.every_steps, self.episodes, self.threshold = int(every_steps), int(episodes), threshold
-        self.seed, self.clock = int(seed), clock
+        self.seed, self.clock, self.log = int(seed), clock, log
         self.history: List[dict] = []  # one dict per evaluation: step, train_s, eval_s, mean, std
         self.solved: Optional[dict] = None
         self.eval_s = 0.0  # time spent evaluating, in all
@@ -58,7 +59,11 @@ class EvalCallback(Callback):
         self.eval_s += took
         self.history.append(record)
         self._next = (trainer.global_step // self.every_steps + 1) * self.every_steps
-        if self.threshold is not None and record["mean"] >= self.threshold:
+        solved = self.threshold is not None and record["mean"] >= self.threshold
+        if self.log is not None:
+            self.log(f"evaluation at step {record['step']}: mean return {record['mean']:.2f} +- {record['std']:.2f} "
+                     f"({self.episodes} episodes)" + (f", at or above {self.threshold:g}: stopping" if solved else ""))
+        if solved:
             self.solved = record
             return False
         return None

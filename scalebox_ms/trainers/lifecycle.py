@@ -20,7 +20,8 @@ from .ppo import Callback
 # config keys a resumed run may change: the horizon (run.total_steps extends or shortens the run, and with it the
 # linear schedules' horizon) and bookkeeping that does not enter the maths (the launcher's timeouts included)
 RESUMABLE_KEYS = ("run.total_steps", "run.progress", "run.checkpoint_every", "run.keep_checkpoints",
-                  "run.eval_episodes", "run.save_replay", "parallel.timeout", "parallel.hang_timeout")
+                  "run.eval_episodes", "run.eval_every", "run.stop_return", "run.save_replay", "parallel.timeout",
+                  "parallel.hang_timeout")
 
 
 def select_checkpoint(run_dir: str, chosen: Optional[str]) -> Optional[str]:

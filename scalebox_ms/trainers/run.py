@@ -28,6 +28,7 @@ from ..fileio import atomic_path, atomic_write_json, atomic_write_text
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
 from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, remove_stale_temporaries,
                         select_checkpoint, truncate_metrics)
+from .callbacks import EvalCallback
 from .core import Callback
 
 METRIC_COLUMNS = [
@@ -380,7 +381,9 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     metrics_path = os.path.join(run_dir, "metrics.csv")
     writer = MetricsWriter(metrics_path, METRIC_COLUMNS if cfg.algo == "ppo" else OFF_POLICY_COLUMNS)
     saver = CheckpointSaver(ckpt_dir, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
-    callbacks: List[Callback] = [writer, saver, stopper, ProgressBeat()]
+    evals = EvalCallback(cfg.run.eval_every, cfg.run.eval_episodes, cfg.run.stop_return, seed=cfg.run.seed + 10_000,
+                         log=log) if cfg.run.eval_every > 0 else None
+    callbacks: List[Callback] = [writer, saver, stopper, ProgressBeat()] + ([evals] if evals else [])
     show = cfg.run.progress if progress is None else progress
     if show:
         callbacks.append(ProgressBar(cfg.run.total_steps))
@@ -397,9 +400,11 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"),
                         f"{cfg.algo.upper()} {cfg.env.id} (seed {cfg.run.seed})")
     completed = trainer.global_step >= cfg.run.total_steps
+    solved = evals is not None and evals.solved is not None
     m = trainer._last_metrics
     summary = {
-        "status": "interrupted" if stopper.signum is not None else "completed" if completed else "paused",
+        "status": ("interrupted" if stopper.signum is not None else "solved" if solved else "completed" if completed
+                   else "paused"),
         "env_id": cfg.env.id,
         "seed": cfg.run.seed,
         "global_step": trainer.global_step,
@@ -419,9 +424,11 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     }
     if getattr(trainer.env, "events", None) is not None:
         summary["env_events"] = list(trainer.env.events)  # isolated workers restarted (crash/timeout/memory)
+    if evals is not None:
+        summary["evaluations"] = evals.history
     if stopper.signum is not None:
         summary["interrupted_by"] = stopper.name
-    elif completed and cfg.run.eval_episodes > 0:
+    elif (completed or solved) and cfg.run.eval_episodes > 0:
         import numpy as np
 
         from .evaluation import EvaluationError, evaluate_policy

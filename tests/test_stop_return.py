@@ -1,0 +1,67 @@
+"""Evaluation while training (``run.eval_every``) and stopping once solved (``run.stop_return``)."""
+import json
+import os
+
+import pytest
+import yaml
+
+from scalebox_ms.config import Config
+from scalebox_ms.errors import ConfigError
+from scalebox_ms.trainers.run import train_run
+
+
+def _config(**run):
+    return Config.from_dict({
+        "algo": "dqn", "env": {"id": "CartPole-v1", "num_envs": 2},
+        "dqn": {"train_freq": 16, "gradient_steps": 4, "batch_size": 16, "learning_starts": 40, "buffer_size": 5000,
+                "target_update_interval": 50},
+        "run": {"seed": 1, "total_steps": 960, "progress": False, **run}})
+
+
+def _run(cfg, run_dir=None, **kw):
+    return train_run(cfg, run_dir=None if run_dir is None else str(run_dir), progress=False, log=lambda *a: None, **kw)
+
+
+def test_evaluations_leave_training_unchanged_and_a_solved_run_stops_resumably(tmp_path, monkeypatch):
+    from scalebox_ms.trainers import checkpoint
+
+    monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 200)  # several iterations, so several evaluations
+    plain = _run(_config(), tmp_path / "plain")
+    evaluated = _run(_config(eval_every=300, eval_episodes=2), tmp_path / "evaluated")
+    assert evaluated["status"] == plain["status"] == "completed"
+    assert evaluated["param_sha256"] == plain["param_sha256"]  # evaluating draws nothing from the run's RNGs
+    steps = [e["step"] for e in evaluated["evaluations"]]
+    assert len(steps) >= 3 and steps == sorted(steps) and all(s % 32 == 0 for s in steps)  # at iteration ends
+    assert all(e["mean"] >= 1 for e in evaluated["evaluations"])  # CartPole: every episode returns >= 1
+
+    # any CartPole return reaches 1: the first evaluation stops the run, with a checkpoint and the final evaluation
+    solved = _run(_config(eval_every=300, eval_episodes=2, stop_return=1.0), tmp_path / "solved")
+    first = solved["evaluations"][0]
+    assert solved["status"] == "solved" and len(solved["evaluations"]) == 1
+    assert solved["global_step"] == first["step"] == steps[0] < 960
+    assert solved["eval_episodes"] == 2 and solved["eval_mean_return"] is not None
+    ckpts = sorted(os.listdir(tmp_path / "solved" / "checkpoints"))
+    assert ckpts[-1].startswith(f"ckpt_{solved['global_step']:012d}")
+    with open(tmp_path / "solved" / "summary.json") as f:
+        assert json.load(f)["status"] == "solved"
+
+    # resumed without the bar (config.yaml edited), the run goes on to the same parameters as the plain one
+    cfg_path = tmp_path / "solved" / "config.yaml"
+    edited = yaml.safe_load(cfg_path.read_text())
+    edited["run"]["stop_return"] = None
+    cfg_path.write_text(yaml.safe_dump(edited))
+    resumed = _run(None, resume=str(tmp_path / "solved"))
+    assert resumed["status"] == "completed" and resumed["param_sha256"] == plain["param_sha256"]
+
+
+@pytest.mark.parametrize("run, extra, culprit", [
+    ({"stop_return": 475}, {}, "run.stop_return: needs run.eval_every >= 1"),
+    ({"eval_every": 1000}, {}, "run.eval_every: needs run.eval_episodes >= 1"),
+    ({"eval_every": -1, "eval_episodes": 2}, {}, "run.eval_every: must be >= 0"),
+    ({"eval_every": 1000, "eval_episodes": 2, "stop_return": 475}, {"parallel": {"workers": 2}},
+     "run.stop_return: needs parallel.workers 1"),
+])
+def test_bad_evaluation_settings_name_the_key(run, extra, culprit):
+    with pytest.raises(ConfigError) as exc:
+        Config.from_dict({"run": run, **extra})
+    assert culprit in str(exc.value)
