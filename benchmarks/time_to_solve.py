@@ -65,7 +65,8 @@ def _config(preset: str, seed: int):
     from scalebox_ms.config import load_config
 
     return load_config(os.path.join(REPO, "configs", preset),
-                       [f"run.seed={seed}", "run.progress=false", "run.eval_episodes=0", "run.checkpoint_every=0"])
+                       [f"run.seed={seed}", "run.progress=false", "run.eval_episodes=0", "run.checkpoint_every=0",
+                        "run.eval_every=0", "run.stop_return=null"])  # (the suite evaluates on its own clock)
 
 
 def worker_scalebox(task: dict, preset: str, seed: int, episodes: int, launched: float) -> dict:

@@ -26,3 +26,21 @@ def test_fast_preset_reaches_its_bar(preset, threshold, every, seed):
     trainer.learn(callbacks=[stop])
     assert stop.solved is not None, [round(h["mean"]) for h in stop.history]
     assert trainer.global_step < cfg.run.total_steps
+
+
+@pytest.mark.parametrize("preset", [
+    "dqn_cartpole_fast.yaml",
+    pytest.param("dqn_acrobot_fast.yaml", marks=pytest.mark.slow),
+    pytest.param("sac_pendulum_fast.yaml", marks=pytest.mark.slow),
+    pytest.param("td3_pendulum_fast.yaml", marks=pytest.mark.slow),
+])
+def test_off_policy_fast_preset_stops_solved_at_its_own_bar(preset, tmp_path):
+    """The off-policy fast presets evaluate while training (run.eval_every) and stop at their bar (run.stop_return):
+    DQN on CartPole, for one, falls far below the bar again by the end of its 50k steps."""
+    from scalebox_ms.config import load_config
+    from scalebox_ms.trainers.run import train_run
+
+    cfg = load_config(os.path.join(REPO, "configs", preset), ["run.progress=false"])
+    summary = train_run(cfg, run_dir=str(tmp_path / "run"), progress=False, log=lambda *a: None)
+    assert summary["status"] == "solved", [round(e["mean"]) for e in summary["evaluations"]]
+    assert summary["evaluations"][-1]["mean"] >= cfg.run.stop_return and summary["global_step"] < cfg.run.total_steps
