@@ -25,10 +25,10 @@ from typing import List, Optional
 from ..config import Config
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_path, atomic_write_json, atomic_write_text
+from .callbacks import EvalCallback
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
 from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, remove_stale_temporaries,
                         select_checkpoint, truncate_metrics)
-from .callbacks import EvalCallback
 from .core import Callback
 
 METRIC_COLUMNS = [
