@@ -182,6 +182,18 @@ def test_evaluation_episodes_of_an_env_without_a_step_limit_end(caplog, monkeypa
     assert balance == [500.0, 500.0]  # a policy that balances is still cut by CartPole's own 500-step limit
 
 
+def test_cartpole_uses_gymnasiums_vector_env_only_for_batches_it_makes_faster():
+    from gymnasium.vector import SyncVectorEnv
+
+    from scalebox_ms.envs import make_vec_env
+    from scalebox_ms.envs.factory import VECTOR_ENTRY_MIN_ENVS
+
+    few, many = make_vec_env("CartPole-v1", VECTOR_ENTRY_MIN_ENVS - 1), make_vec_env("CartPole-v1", VECTOR_ENTRY_MIN_ENVS)
+    assert isinstance(few, SyncVectorEnv) and not isinstance(many, SyncVectorEnv)
+    assert type(many).__name__ == "CartPoleVectorEnv"
+    few.close(), many.close()
+
+
 def test_metrics_report_phase_shares(small_cfg):
     tr = PPOTrainer(small_cfg)
     rec = Recorder()
