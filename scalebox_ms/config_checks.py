@@ -38,8 +38,6 @@ def validate(cfg: Config) -> None:
     for name, check in _SECTION_CHECKS.items():
         if name not in ALGOS or name == cfg.algo:
             check(getattr(cfg, name))
-    _check(cfg.run.stop_return is None or cfg.parallel.workers == 1, "run.stop_return",
-           "needs parallel.workers 1 (msrun ranks train in lockstep; one rank cannot stop alone)")
     if cfg.algo in OFF_POLICY:
         check_off_policy(cfg)
     else:

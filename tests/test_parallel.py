@@ -264,6 +264,22 @@ def test_two_worker_run_keeps_ranks_identical_and_resumes(dp_run):
 
 
 @pytest.mark.integration
+def test_two_workers_stop_together_once_solved(tmp_path):
+    """run.stop_return with 2 ranks: each evaluates, rank 0's decision is shared, both stop at the same step."""
+    run_dir = str(tmp_path / "run")
+    r = run_module("train", "--workers", "2", "--total-steps", "2048", "--run-dir", run_dir, *DP_ARGS,
+                   "--set", "run.eval_every=256", "--set", "run.eval_episodes=2", "--set", "run.stop_return=1",
+                   timeout=400)  # any CartPole return is >= 1: the first evaluation (step 256) stops the job
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout)
+    assert summary["status"] == "solved" and summary["global_step"] == 256
+    assert [e["step"] for e in summary["evaluations"]] == [256]
+    hashes = summary["param_sha256_per_rank"]
+    assert len(hashes) == 2 and hashes[0] == hashes[1] == summary["param_sha256"]
+    assert [int(row["global_step"]) for row in _rows(os.path.join(run_dir, "metrics.csv"))] == [128, 256]
+
+
+@pytest.mark.integration
 def test_resume_with_another_world_size_is_refused(dp_run):
     run_dir = dp_run[0]
     r = run_module("train", "--resume", run_dir, "--workers", "1")

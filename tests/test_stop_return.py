@@ -58,8 +58,6 @@ def test_evaluations_leave_training_unchanged_and_a_solved_run_stops_resumably(t
     ({"stop_return": 475}, {}, "run.stop_return: needs run.eval_every >= 1"),
     ({"eval_every": 1000}, {}, "run.eval_every: needs run.eval_episodes >= 1"),
     ({"eval_every": -1, "eval_episodes": 2}, {}, "run.eval_every: must be >= 0"),
-    ({"eval_every": 1000, "eval_episodes": 2, "stop_return": 475}, {"parallel": {"workers": 2}},
-     "run.stop_return: needs parallel.workers 1"),
 ])
 def test_bad_evaluation_settings_name_the_key(run, extra, culprit):
     with pytest.raises(ConfigError) as exc:

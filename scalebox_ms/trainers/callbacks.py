@@ -1,4 +1,5 @@
-"""Callbacks for ``learn``: periodic deterministic evaluation, optionally stopping at a return threshold.
+"""Callbacks for ``learn``: periodic deterministic evaluation, optionally stopping at a return threshold; the
+``--workers`` ranks' progress beat.
 
 :class:`EvalCallback` is what a time-to-solve measurement needs (``benchmarks/time_to_solve.py``) and what SB3
 users know as ``EvalCallback`` + ``StopTrainingOnRewardThreshold``::
@@ -14,6 +15,10 @@ Evaluations run on fresh gymnasium envs of the trainer's ``env.id`` (also for ``
 first iteration end at or after each multiple of ``every_steps``. ``train_s`` is the wall time since training
 started *without* the time spent in evaluations, so evaluating more often does not make training look slower.
 The CLI adds one from the config: ``run.eval_every`` (and ``run.eval_episodes``), ``run.stop_return``.
+
+Data-parallel ranks (``--workers``) train in lockstep, so they must stop together: each rank evaluates its own copy
+of the (identical) policy on the same seeded episodes, then the ranks share rank 0's result (one small all-gather)
+and all follow rank 0's decision.
 """
 from __future__ import annotations
 
@@ -56,10 +61,16 @@ class EvalCallback(Callback):
         took = self.clock() - start
         record = {"step": int(trainer.global_step), "train_s": start - self._t0 - self.eval_s, "eval_s": took,
                   "mean": float(returns.mean()), "std": float(returns.std())}
+        solved = self.threshold is not None and record["mean"] >= self.threshold
+        dist = getattr(trainer, "dist", None)
+        if dist is not None and dist.distributed:  # every rank stops where rank 0 does (lockstep collectives)
+            flag, mean, std = dist.all_gather(np.array([solved, record["mean"], record["std"]]))[0]
+            solved = bool(flag)
+            if not dist.is_main:
+                record["mean"], record["std"] = float(mean), float(std)
         self.eval_s += took
         self.history.append(record)
         self._next = (trainer.global_step // self.every_steps + 1) * self.every_steps
-        solved = self.threshold is not None and record["mean"] >= self.threshold
         if self.log is not None:
             self.log(f"evaluation at step {record['step']}: mean return {record['mean']:.2f} +- {record['std']:.2f} "
                      f"({self.episodes} episodes)" + (f", at or above {self.threshold:g}: stopping" if solved else ""))
@@ -67,3 +78,13 @@ class EvalCallback(Callback):
             self.solved = record
             return False
         return None
+
+
+class ProgressBeat(Callback):
+    """``--workers`` ranks: each iteration's end is a sign of progress for the launcher's hang watch
+    (:func:`scalebox_ms.parallel.launcher.beat`)."""
+
+    def on_iteration_end(self, trainer, metrics):
+        from ..parallel.launcher import beat
+
+        beat()

@@ -25,7 +25,7 @@ from typing import List, Optional
 from ..config import Config
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_path, atomic_write_json, atomic_write_text
-from .callbacks import EvalCallback
+from .callbacks import EvalCallback, ProgressBeat
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
 from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, remove_stale_temporaries,
                         select_checkpoint, truncate_metrics)
@@ -245,19 +245,15 @@ def _rank_hashes(trainer) -> dict:
     return out
 
 
-class ProgressBeat(Callback):
-    """``--workers`` ranks: each iteration's end is a sign of progress for the launcher's hang watch
-    (:func:`scalebox_ms.parallel.launcher.beat`)."""
-
-    def on_iteration_end(self, trainer, metrics):
-        from ..parallel.launcher import beat
-
-        beat()
+def _evaluations(cfg: Config, log=None) -> List[EvalCallback]:
+    """``run.eval_every``/``run.stop_return``, on every rank (ranks stop together, at rank 0's decision)."""
+    return [EvalCallback(cfg.run.eval_every, cfg.run.eval_episodes, cfg.run.stop_return, seed=cfg.run.seed + 10_000,
+                         log=log)] if cfg.run.eval_every > 0 else []
 
 
 def _follow(trainer, until: Optional[int]):
     """Ranks > 0: train in lockstep with rank 0 (same collectives), write nothing, return no summary."""
-    trainer.learn(until=until, callbacks=[ProgressBeat()])
+    trainer.learn(until=until, callbacks=[ProgressBeat()] + _evaluations(trainer.config))
     _rank_hashes(trainer)
     return None
 
@@ -381,9 +377,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     metrics_path = os.path.join(run_dir, "metrics.csv")
     writer = MetricsWriter(metrics_path, METRIC_COLUMNS if cfg.algo == "ppo" else OFF_POLICY_COLUMNS)
     saver = CheckpointSaver(ckpt_dir, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
-    evals = EvalCallback(cfg.run.eval_every, cfg.run.eval_episodes, cfg.run.stop_return, seed=cfg.run.seed + 10_000,
-                         log=log) if cfg.run.eval_every > 0 else None
-    callbacks: List[Callback] = [writer, saver, stopper, ProgressBeat()] + ([evals] if evals else [])
+    evals = _evaluations(cfg, log)
+    callbacks: List[Callback] = [writer, saver, stopper, ProgressBeat()] + evals
     show = cfg.run.progress if progress is None else progress
     if show:
         callbacks.append(ProgressBar(cfg.run.total_steps))
@@ -400,7 +395,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"),
                         f"{cfg.algo.upper()} {cfg.env.id} (seed {cfg.run.seed})")
     completed = trainer.global_step >= cfg.run.total_steps
-    solved = evals is not None and evals.solved is not None
+    solved = any(e.solved is not None for e in evals)
     m = trainer._last_metrics
     summary = {
         "status": ("interrupted" if stopper.signum is not None else "solved" if solved else "completed" if completed
@@ -424,8 +419,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     }
     if getattr(trainer.env, "events", None) is not None:
         summary["env_events"] = list(trainer.env.events)  # isolated workers restarted (crash/timeout/memory)
-    if evals is not None:
-        summary["evaluations"] = evals.history
+    if evals:
+        summary["evaluations"] = evals[0].history
     if stopper.signum is not None:
         summary["interrupted_by"] = stopper.name
     elif (completed or solved) and cfg.run.eval_episodes > 0:
