@@ -63,3 +63,20 @@ def test_bad_evaluation_settings_name_the_key(run, extra, culprit):
     with pytest.raises(ConfigError) as exc:
         Config.from_dict({"run": run, **extra})
     assert culprit in str(exc.value)
+
+
+def test_learn_takes_its_evaluations_from_the_config_unless_given_one(monkeypatch):
+    from scalebox_ms.trainers import checkpoint, make_trainer
+    from scalebox_ms.trainers.callbacks import EvalCallback
+
+    monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 200)
+    cfg = _config(eval_every=300, eval_episodes=2, stop_return=1.0)
+    trainer = make_trainer(cfg)
+    trainer.learn()  # the library API honours run.eval_every / run.stop_return as the CLI does
+    assert 300 <= trainer.global_step < 960
+    trainer.close()
+    own = EvalCallback(10_000, 1)  # a caller's own EvalCallback replaces the config's
+    trainer = make_trainer(cfg)
+    trainer.learn(callbacks=[own])
+    assert trainer.global_step == 960 and own.history == []
+    trainer.close()

@@ -14,7 +14,8 @@ users know as ``EvalCallback`` + ``StopTrainingOnRewardThreshold``::
 Evaluations run on fresh gymnasium envs of the trainer's ``env.id`` (also for ``env.backend: native``), at the
 first iteration end at or after each multiple of ``every_steps``. ``train_s`` is the wall time since training
 started *without* the time spent in evaluations, so evaluating more often does not make training look slower.
-The CLI adds one from the config: ``run.eval_every`` (and ``run.eval_episodes``), ``run.stop_return``.
+``learn`` (and so the CLI) adds one from the config, unless given one: ``run.eval_every`` (and ``run.eval_episodes``),
+``run.stop_return``.
 
 Data-parallel ranks (``--workers``) train in lockstep, so they must stop together: each rank evaluates its own copy
 of the (identical) policy on the same seeded episodes, then the ranks share rank 0's result (one small all-gather)
@@ -46,6 +47,13 @@ class EvalCallback(Callback):
         self.eval_s = 0.0  # time spent evaluating, in all
         self._t0 = 0.0
         self._next = 0
+
+    @classmethod
+    def from_config(cls, cfg, log=None) -> "EvalCallback":
+        """The one ``run.eval_every``, ``run.eval_episodes``, ``run.stop_return`` ask for (seed: ``run.seed`` +
+        10,000, as the final evaluation)."""
+        r = cfg.run
+        return cls(r.eval_every, r.eval_episodes, r.stop_return, seed=r.seed + 10_000, log=log)
 
     def on_training_start(self, trainer) -> None:
         self._t0 = self.clock()

@@ -139,6 +139,23 @@ class Trainer:
         horizon = self.config.run.total_steps
         return horizon if until is None else min(int(until), horizon)
 
+    def _start_learning(self, total_steps: Optional[int], until: Optional[int], callbacks) -> tuple:
+        """The start of ``learn``: the horizon, the envs' first reset, the callbacks told. With ``run.eval_every >
+        0`` and no :class:`EvalCallback` among ``callbacks``, one is added from the config (``run.eval_every``,
+        ``run.eval_episodes``, ``run.stop_return``; logged): the config's keys hold for ``learn`` as for the CLI.
+        Returns (the step to stop at, the callbacks)."""
+        from .callbacks import EvalCallback
+
+        stop_at = self._check_horizon(total_steps, until)
+        if self.collector.obs is None:
+            self.collector.reset(seed=self._env_seed(self.config.run.seed), step=self.global_step)
+        callbacks = list(callbacks)
+        if self.config.run.eval_every > 0 and not any(isinstance(cb, EvalCallback) for cb in callbacks):
+            callbacks.append(EvalCallback.from_config(self.config, log=self.log.info))
+        for cb in callbacks:
+            cb.on_training_start(self)
+        return stop_at, callbacks
+
     # ------------------------------------------------------------------ inference
     def predict(self, obs, deterministic: bool = True, rng: Optional[np.random.Generator] = None) -> np.ndarray:
         """Actions for one observation or a batch, as the env returns them (Dict/Tuple spaces: a dict/tuple of

@@ -221,11 +221,7 @@ class OffPolicyTrainer(Trainer):
         """Train until ``global_step`` reaches ``total_steps`` (default ``run.total_steps``); ``until`` pauses
         earlier without changing the schedules. Both stop at the first training-phase boundary at or past them
         (``train_freq x num_envs`` env steps; the last iteration is cut short)."""
-        stop_at = self._check_horizon(total_steps, until)
-        if self.collector.obs is None:
-            self.collector.reset(seed=self._env_seed(self.config.run.seed), step=self.global_step)
-        for cb in callbacks:
-            cb.on_training_start(self)
+        stop_at, callbacks = self._start_learning(total_steps, until, callbacks)
         while self.global_step < stop_at:
             metrics = self._iteration(stop_at)
             stop = False

@@ -154,18 +154,13 @@ class PPOTrainer(Trainer):
 
         from ..buffers import RolloutStorage, compute_gae
 
-        stop_at = self._check_horizon(total_steps, until)
-        horizon = self.config.run.total_steps
         workers = self.config.parallel.workers
         if self.dist.world_size != workers and workers > 1:
             raise ConfigError(f"parallel.workers: {workers} workers are configured but this process is not one "
                               f"of {workers} msrun ranks; launch with `python -m scalebox_ms.train --workers "
                               f"{workers}` or your own msrun command line")
-        c = self.collector
-        if c.obs is None:
-            c.reset(seed=self._env_seed(self.config.run.seed), step=self.global_step)
-        for cb in callbacks:
-            cb.on_training_start(self)
+        stop_at, callbacks = self._start_learning(total_steps, until, callbacks)
+        horizon, c = self.config.run.total_steps, self.collector
         p = self.config.ppo
         storage = RolloutStorage(p.n_steps, self.num_envs, self.spec.obs_shape, self.spec.action_shape,
                                  np.int32 if self.spec.integer_actions else np.float32,

@@ -245,15 +245,10 @@ def _rank_hashes(trainer) -> dict:
     return out
 
 
-def _evaluations(cfg: Config, log=None) -> List[EvalCallback]:
-    """``run.eval_every``/``run.stop_return``, on every rank (ranks stop together, at rank 0's decision)."""
-    return [EvalCallback(cfg.run.eval_every, cfg.run.eval_episodes, cfg.run.stop_return, seed=cfg.run.seed + 10_000,
-                         log=log)] if cfg.run.eval_every > 0 else []
-
-
 def _follow(trainer, until: Optional[int]):
-    """Ranks > 0: train in lockstep with rank 0 (same collectives), write nothing, return no summary."""
-    trainer.learn(until=until, callbacks=[ProgressBeat()] + _evaluations(trainer.config))
+    """Ranks > 0: train in lockstep with rank 0 (same collectives, the same ``run.eval_every`` evaluations, added
+    by ``learn``), write nothing, return no summary."""
+    trainer.learn(until=until, callbacks=[ProgressBeat()])
     _rank_hashes(trainer)
     return None
 
@@ -377,7 +372,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     metrics_path = os.path.join(run_dir, "metrics.csv")
     writer = MetricsWriter(metrics_path, METRIC_COLUMNS if cfg.algo == "ppo" else OFF_POLICY_COLUMNS)
     saver = CheckpointSaver(ckpt_dir, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
-    evals = _evaluations(cfg, log)
+    evals = [EvalCallback.from_config(cfg, log)] if cfg.run.eval_every > 0 else []
     callbacks: List[Callback] = [writer, saver, stopper, ProgressBeat()] + evals
     show = cfg.run.progress if progress is None else progress
     if show:
