@@ -129,6 +129,15 @@ def library_path(name: str, build: bool = True) -> str:
     return so
 
 
+def probe_command(output: str, tile_rows: int | None = None) -> list:
+    """The compiler command that builds ``gemm_probe.cc`` (a stand-alone program around mlp.h's GEMM, not a
+    MindSpore op) into ``output`` with the kernels' flags; ``tile_rows`` overrides the micro-tile's rows
+    (``SBX_TILE_ROWS``). For the tests and ``benchmarks/gemm_tiles.py``."""
+    flags = [f for f in CXX_FLAGS if f not in ("-shared", "-fPIC")]
+    defines = [] if tile_rows is None else [f"-DSBX_TILE_ROWS={int(tile_rows)}"]
+    return [*compiler_command(), *flags, *defines, "-o", output, os.path.join(HERE, "gemm_probe.cc")]
+
+
 def _check_white_list(so: str) -> None:
     allowed = os.environ.get("MS_CUSTOM_AOT_WHITE_LIST")
     if allowed:

@@ -50,9 +50,10 @@ SBX_INLINE void tile(int K, const float *__restrict A, int64_t sar, int64_t sak,
   }
 }
 
-// Vector accumulators a tile may keep in registers: half the vector registers (32 with AVX-512 and on AArch64,
-// 16 with AVX), leaving the rest for the B row and the broadcasts. A tile needs ~8+ independent FMA chains to hide
-// the FMA latency, so tiles of few rows get wider (up to 4 vectors per row).
+// Vector accumulators a tile of fewer than kRows rows may keep in registers: half the vector registers (32 with
+// AVX-512 and on AArch64, 16 with AVX), leaving the rest for the B row and the broadcasts. A tile needs ~8+
+// independent FMA chains to hide the FMA latency, so tiles of few rows get wider (up to 4 vectors per row). The
+// full kRows-row tiles are kNV vectors wide (simd.h: 12 accumulators with AVX2).
 #if defined(__AVX512F__) || defined(__aarch64__)
 constexpr int kAccRegs = 16;
 #else

@@ -16,7 +16,15 @@ constexpr int kVec = 8;
 constexpr int kVec = 4;
 #endif
 constexpr int kNV = kCols / kVec;
-constexpr int kRows = kNV == 1 ? 8 : 4;  // rows per micro-tile: kRows x kNV accumulator registers
+// Rows per micro-tile: kRows x kNV accumulator registers. AVX2 (16 ymm registers): 6 x 2 = 12 accumulators, 2 B
+// vectors and a broadcast, BLIS's 6x16 Haswell shape; on a Zen 3 core the 64x64 layers' GEMMs ran ~1.7x faster
+// than with 4 x 2 (benchmarks/gemm_tiles.py). The tiling never changes a result (mlp.h: tile).
+// SBX_TILE_ROWS overrides it (gemm_probe.cc builds one probe per tiling to compare them).
+#ifdef SBX_TILE_ROWS
+constexpr int kRows = SBX_TILE_ROWS;
+#else
+constexpr int kRows = kNV == 1 ? 8 : (kNV == 2 ? 6 : 4);
+#endif
 typedef float vf __attribute__((vector_size(kVec * sizeof(float))));
 
 #define SBX_INLINE inline __attribute__((always_inline))
