@@ -322,11 +322,7 @@ class ActStep(nn.Cell):
             out = self.fused(obs, noise)
             if self.packed:
                 return out
-            if self.model.discrete:
-                action = out[:, 0].astype(ms.int32)
-            else:
-                action = out[:, : self.width]
-            return action, out[:, self.width], out[:, self.width + 1]
+            return self.fused.unpack(out)
         action, log_prob, value = self.model.act(obs, noise)
         if self.packed:
             if self.model.discrete:

@@ -61,9 +61,7 @@ class CompiledRollout(nn.Cell):
     def act(self, obs, noise):
         """(action, log_prob, value) for the env batch: ``model.act``, or the fused C++ kernel's packed output."""
         if self.custom:
-            out = self.fused(obs, noise)
-            action = out[:, 0].astype(ms.int32) if self.discrete else out[:, : self.width]
-            return action, out[:, self.width], out[:, self.width + 1]
+            return self.fused.unpack(self.fused(obs, noise))
         return self.model.act(obs, noise)
 
     @ms.jit

@@ -27,6 +27,13 @@ def _f32(x):
     return x.astype(ms.float32)
 
 
+def _columns(x):
+    """The columns of an (N, k) batch as k tensors of shape (N,): one Unstack kernel. (A column slice ``x[:, i]``
+    is one StridedSlice kernel each, which MindSpore 2.10's CPU backend runs ~4x slower per column: CartPole's
+    four took ~0.9 ms per step at 4096 envs, the unstack ~0.25 ms. Same values, bit for bit.)"""
+    return ops.unstack(x, axis=1)
+
+
 class CartPole:
     env_id = "CartPole-v1"
     state_dim, noise_dim, max_steps = 4, 4, 500
@@ -41,7 +48,7 @@ class CartPole:
         return -0.05 + 0.1 * u
 
     def step(self, s, action):
-        x, x_dot, theta, theta_dot = s[:, 0], s[:, 1], s[:, 2], s[:, 3]
+        x, x_dot, theta, theta_dot = _columns(s)
         force = (_f32(action) * 2.0 - 1.0) * self.force_mag
         costheta, sintheta = ops.cos(theta), ops.sin(theta)
         temp = (force + self.polemass_length * theta_dot * theta_dot * sintheta) / self.total_mass
@@ -73,7 +80,7 @@ class MountainCar:
         return ops.concat([-0.6 + 0.2 * u, ops.zeros_like(u)], axis=1)
 
     def step(self, s, action):
-        position, velocity = s[:, 0], s[:, 1]
+        position, velocity = _columns(s)
         velocity = velocity + (_f32(action) - 1.0) * self.force + ops.cos(3 * position) * (-self.gravity)
         velocity = ops.clip_by_value(velocity, -self.max_speed, self.max_speed)
         position = ops.clip_by_value(position + velocity, self.min_position, self.max_position)
@@ -92,8 +99,8 @@ class MountainCarContinuous(MountainCar):
     goal_position, power = 0.45, 0.0015
 
     def step(self, s, action):
-        position, velocity = s[:, 0], s[:, 1]
-        a = action[:, 0]
+        position, velocity = _columns(s)
+        a = action.reshape(-1)  # (N, 1) -> (N,): no copy
         force = ops.clip_by_value(a, -1.0, 1.0)
         velocity = velocity + force * self.power - 0.0025 * ops.cos(3 * position)
         velocity = ops.clip_by_value(velocity, -self.max_speed, self.max_speed)
@@ -111,11 +118,12 @@ class Pendulum:
 
     @staticmethod
     def initial_state(u):
-        return ops.stack([PI * (2 * u[:, 0] - 1), 2 * u[:, 1] - 1], axis=1)
+        u0, u1 = _columns(u)
+        return ops.stack([PI * (2 * u0 - 1), 2 * u1 - 1], axis=1)
 
     def step(self, s, action):
-        th, thdot = s[:, 0], s[:, 1]
-        u = ops.clip_by_value(action[:, 0], -self.max_torque, self.max_torque)
+        th, thdot = _columns(s)
+        u = ops.clip_by_value(action.reshape(-1), -self.max_torque, self.max_torque)
         norm_th = ops.remainder(th + PI, 2 * PI) - PI
         costs = norm_th * norm_th + 0.1 * thdot * thdot + 0.001 * u * u
         newthdot = thdot + (3 * self.g / (2 * self.l) * ops.sin(th) + 3.0 / (self.m * self.l ** 2) * u) * self.dt
@@ -125,7 +133,8 @@ class Pendulum:
 
     @staticmethod
     def observe(s):
-        return ops.stack([ops.cos(s[:, 0]), ops.sin(s[:, 0]), s[:, 1]], axis=1)
+        th, thdot = _columns(s)
+        return ops.stack([ops.cos(th), ops.sin(th), thdot], axis=1)
 
 
 class Acrobot:
@@ -145,7 +154,7 @@ class Acrobot:
 
     def _dsdt(self, s, a):  # gymnasium's "book" dynamics
         m1, m2, l1, lc1, lc2, I1, I2, g = self.m1, self.m2, self.l1, self.lc1, self.lc2, self.I1, self.I2, self.g
-        theta1, theta2, dtheta1, dtheta2 = s[:, 0], s[:, 1], s[:, 2], s[:, 3]
+        theta1, theta2, dtheta1, dtheta2 = _columns(s)
         d1 = m1 * lc1 ** 2 + m2 * (l1 ** 2 + lc2 ** 2 + 2 * l1 * lc2 * ops.cos(theta2)) + I1 + I2
         d2 = m2 * (lc2 ** 2 + l1 * lc2 * ops.cos(theta2)) + I2
         phi2 = m2 * lc2 * g * ops.cos(theta1 + theta2 - PI / 2.0)
@@ -165,11 +174,11 @@ class Acrobot:
         k3 = self._dsdt(s + dt2 * k2, torque)
         k4 = self._dsdt(s + dt * k3, torque)
         ns = s + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
-        th1, th2 = ns[:, 0], ns[:, 1]
+        th1, th2, d1, d2 = _columns(ns)
         th1 = ops.where(th1 > PI, th1 - 2 * PI, ops.where(th1 < -PI, th1 + 2 * PI, th1))  # wrap(., -pi, pi)
         th2 = ops.where(th2 > PI, th2 - 2 * PI, ops.where(th2 < -PI, th2 + 2 * PI, th2))
-        d1 = ops.clip_by_value(ns[:, 2], -self.max_vel_1, self.max_vel_1)
-        d2 = ops.clip_by_value(ns[:, 3], -self.max_vel_2, self.max_vel_2)
+        d1 = ops.clip_by_value(d1, -self.max_vel_1, self.max_vel_1)
+        d2 = ops.clip_by_value(d2, -self.max_vel_2, self.max_vel_2)
         ns = ops.stack([th1, th2, d1, d2], axis=1)
         terminated = -ops.cos(th1) - ops.cos(th2 + th1) > 1.0
         reward = ops.where(terminated, ops.zeros_like(th1), -ops.ones_like(th1))
@@ -177,8 +186,8 @@ class Acrobot:
 
     @staticmethod
     def observe(s):
-        return ops.stack([ops.cos(s[:, 0]), ops.sin(s[:, 0]), ops.cos(s[:, 1]), ops.sin(s[:, 1]), s[:, 2], s[:, 3]],
-                         axis=1)
+        th1, th2, d1, d2 = _columns(s)
+        return ops.stack([ops.cos(th1), ops.sin(th1), ops.cos(th2), ops.sin(th2), d1, d2], axis=1)
 
 
 DYNAMICS = {cls.env_id: cls for cls in (CartPole, MountainCar, MountainCarContinuous, Pendulum, Acrobot)}

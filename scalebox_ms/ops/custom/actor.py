@@ -81,3 +81,10 @@ class FusedActorKernel(nn.Cell):
 
     def construct(self, obs, noise):
         return self.op(obs, noise, self.meta, self.log_std, *self.params)
+
+    def unpack(self, out):
+        """The packed output as (action, log_prob, value), for use inside a graph: one Split kernel (column slices
+        ``out[:, i]`` cost one StridedSlice each, ~4x slower per column on MindSpore 2.10's CPU backend)."""
+        action, log_prob, value = ops.split(out, (self.width, 1, 1), axis=1)
+        action = action.reshape(-1).astype(ms.int32) if self.discrete else action
+        return action, log_prob.reshape(-1), value.reshape(-1)
