@@ -61,6 +61,35 @@ def test_custom_kernel_matches_builtin(case):
 
 
 @pytest.mark.parametrize("case", list(CASES))
+def test_large_batches_split_over_threads_give_the_same_results(case, monkeypatch):
+    """From 2048 rows the kernel shares its row blocks out to SCALEBOX_MS_KERNEL_THREADS threads: any thread count
+    gives the single-thread outputs bit for bit, and they match the builtin path; the unpacked (action, log_prob,
+    value) of ActStep are the packed columns."""
+    spec, kw = CASES[case]
+    ms.set_seed(5)
+    model = ActorCritic(spec, ortho_init=False, **kw)
+    builtin, kernel = ActStep(model, packed=True), ActStep(model, packed=True, kernel="custom")
+    unpacked = ActStep(model, kernel="custom")
+    width = 1 if spec.discrete else spec.action_dim
+    obs, noise = _inputs(spec, 4099, 11)  # not a whole number of row blocks
+    outs = {}
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("SCALEBOX_MS_KERNEL_THREADS", threads)
+        outs[threads] = kernel(obs, noise).asnumpy()
+    for threads, out in outs.items():
+        np.testing.assert_array_equal(out.view(np.uint32), outs["1"].view(np.uint32), err_msg=f"{threads} threads")
+    ref = builtin(obs, noise).asnumpy()
+    if spec.discrete:
+        assert (outs["1"][:, 0] == ref[:, 0]).mean() > 0.999  # (a Gumbel tie within float tolerance may differ)
+    np.testing.assert_allclose(outs["1"][:, width:], ref[:, width:], rtol=1e-4, atol=3e-5)
+    action, log_prob, value = (x.asnumpy() for x in unpacked(obs, noise))
+    np.testing.assert_array_equal(action.astype(np.float32).reshape(4099, -1), outs["2"][:, :width])
+    np.testing.assert_array_equal(log_prob, outs["2"][:, width])
+    np.testing.assert_array_equal(value, outs["2"][:, width + 1])
+    assert action.dtype == (np.int32 if spec.discrete else np.float32) and log_prob.shape == value.shape == (4099,)
+
+
+@pytest.mark.parametrize("case", list(CASES))
 def test_direct_call_gives_the_graph_kernels_outputs_and_reads_weights_on_sync(case):
     from scalebox_ms.errors import CustomOpError
     from scalebox_ms.ops.custom.direct import DirectActorKernel

@@ -21,13 +21,20 @@
 // L1). Each layer's logical weight is transposed once per call into scratch (in, outp) with the output
 // dimension zero-padded to a multiple of kCols, so the inner loop is mlp.h's register-blocked kRows x kCols
 // outer-product update (a small GEMM micro-kernel the compiler vectorises; no reassociation, so no -ffast-math).
-// Batches of at most kDirectRows rows (one env acting per call: the MuJoCo presets) skip that transpose, which
+// Batches of at least kSplitRows rows (a compiled rollout over thousands of envs) share their blocks out to
+// kernel_threads() threads (threads.h: SCALEBOX_MS_KERNEL_THREADS, else the hardware threads capped at 8), each a
+// contiguous run of whole blocks; every row's outputs depend on that row only, so the results do not depend on the
+// thread count. Batches of at most kDirectRows rows (one env acting per call: the MuJoCo presets) skip that transpose, which
 // then costs more than the arithmetic: each output is a dot product over the stored W row, in the same k order
 // from the bias, and the activation runs through the same vector code on the zero-padded row.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,11 +42,13 @@
 
 namespace {
 
-#include "simd.h"  // kCols, round_up, vf, loadv/storev, tanhv (SIMD width from -march)
-#include "mlp.h"   // gemm, Dense, mlp_forward, MlpMeta, Activation
+#include "simd.h"     // kCols, round_up, vf, loadv/storev, tanhv (SIMD width from -march)
+#include "threads.h"  // kernel_threads, run_parallel
+#include "mlp.h"      // gemm, Dense, mlp_forward, MlpMeta, Activation
 
-constexpr int kBlock = 16;      // rows per pass through the MLPs
+constexpr int kBlock = kRows == 6 ? 24 : 16;  // rows per pass through the MLPs (whole micro-tiles)
 constexpr int kDirectRows = 4;  // batches up to this many rows read W as stored (no transposed copy)
+constexpr int kSplitRows = 2048;  // larger batches: their row blocks shared out to kernel_threads() threads
 
 // One stored layer as the direct path reads it: W (out, in) with row stride ld, b (out,).
 struct StoredDense {
@@ -129,8 +138,6 @@ int act(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
   }
   if (spi.back().out != act_dim || svf.back().out != 1) return kErrHeadShape;
 
-  std::vector<float> buf(static_cast<size_t>(4) * kBlock * maxw);
-  float *b0 = buf.data(), *b1 = b0 + kBlock * maxw, *b2 = b1 + kBlock * maxw, *b3 = b2 + kBlock * maxw;
   float ls_sum = 0.0f;
   std::vector<float> std_(act_dim), inv_std(act_dim);
   if (!discrete) {
@@ -140,40 +147,55 @@ int act(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
       ls_sum += log_std[j];
     }
   }
-  for (int64_t r0 = 0; r0 < batch; r0 += kBlock) {
-    const int nrows = static_cast<int>(std::min<int64_t>(kBlock, batch - r0));
-    const float *x = obs + r0 * obs_dim;
-    const float *head = direct ? nullptr : run_mlp(pi, x, obs_dim, nrows, b0, b1, maxw, activation);
-    const float *val = direct ? nullptr : run_mlp(vf, x, obs_dim, nrows, b2, b3, maxw, activation);
-    for (int r = 0; r < nrows; ++r) {
-      const float *h = direct ? direct_mlp(spi, x + r * obs_dim, b0, b1, activation) : head + r * maxw;
-      const float v = direct ? direct_mlp(svf, x + r * obs_dim, b2, b3, activation)[0] : val[r * maxw];
-      const float *nz = noise + (r0 + r) * act_dim;
-      float *o = out + (r0 + r) * out_stride;
-      if (discrete) {
-        int best = 0;
-        float best_v = h[0] + nz[0], mx = h[0];
-        for (int j = 1; j < act_dim; ++j) {
-          const float v = h[j] + nz[j];
-          if (v > best_v) { best_v = v; best = j; }
-          mx = std::max(mx, h[j]);
+  // Rows r_begin .. r_end-1 in blocks of kBlock through both MLPs, then the per-row sampling; each row's outputs
+  // depend on that row only, so how the rows are shared out to threads never changes a result.
+  auto run_rows = [&](int64_t r_begin, int64_t r_end) {
+    std::vector<float> buf(static_cast<size_t>(4) * kBlock * maxw);
+    float *b0 = buf.data(), *b1 = b0 + kBlock * maxw, *b2 = b1 + kBlock * maxw, *b3 = b2 + kBlock * maxw;
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += kBlock) {
+      const int nrows = static_cast<int>(std::min<int64_t>(kBlock, r_end - r0));
+      const float *x = obs + r0 * obs_dim;
+      const float *head = direct ? nullptr : run_mlp(pi, x, obs_dim, nrows, b0, b1, maxw, activation);
+      const float *val = direct ? nullptr : run_mlp(vf, x, obs_dim, nrows, b2, b3, maxw, activation);
+      for (int r = 0; r < nrows; ++r) {
+        const float *h = direct ? direct_mlp(spi, x + r * obs_dim, b0, b1, activation) : head + r * maxw;
+        const float v = direct ? direct_mlp(svf, x + r * obs_dim, b2, b3, activation)[0] : val[r * maxw];
+        const float *nz = noise + (r0 + r) * act_dim;
+        float *o = out + (r0 + r) * out_stride;
+        if (discrete) {
+          int best = 0;
+          float best_v = h[0] + nz[0], mx = h[0];
+          for (int j = 1; j < act_dim; ++j) {
+            const float v = h[j] + nz[j];
+            if (v > best_v) { best_v = v; best = j; }
+            mx = std::max(mx, h[j]);
+          }
+          float s = 0.0f;
+          for (int j = 0; j < act_dim; ++j) s += std::exp(h[j] - mx);
+          o[0] = static_cast<float>(best);
+          o[1] = h[best] - mx - std::log(s);
+        } else {
+          float lp = 0.0f;
+          for (int j = 0; j < act_dim; ++j) {
+            const float a = h[j] + std_[j] * nz[j];
+            const float z = (a - h[j]) * inv_std[j];
+            o[j] = a;
+            lp += -0.5f * z * z;
+          }
+          o[width] = lp - ls_sum - kHalfLog2Pi * act_dim;
         }
-        float s = 0.0f;
-        for (int j = 0; j < act_dim; ++j) s += std::exp(h[j] - mx);
-        o[0] = static_cast<float>(best);
-        o[1] = h[best] - mx - std::log(s);
-      } else {
-        float lp = 0.0f;
-        for (int j = 0; j < act_dim; ++j) {
-          const float a = h[j] + std_[j] * nz[j];
-          const float z = (a - h[j]) * inv_std[j];
-          o[j] = a;
-          lp += -0.5f * z * z;
-        }
-        o[width] = lp - ls_sum - kHalfLog2Pi * act_dim;
+        o[width + 1] = v;
       }
-      o[width + 1] = v;
     }
+  };
+  const int64_t blocks = (batch + kBlock - 1) / kBlock;
+  const int T = batch < kSplitRows ? 1 : static_cast<int>(std::min<int64_t>(kernel_threads(), blocks));
+  if (T == 1) {
+    run_rows(0, batch);
+  } else {  // thread t: a contiguous run of whole blocks
+    run_parallel(T, false, [&](int t) {
+      run_rows(std::min(batch, blocks * t / T * kBlock), std::min(batch, blocks * (t + 1) / T * kBlock));
+    });
   }
   return kOk;
 }

@@ -96,18 +96,6 @@ struct Ctx {
   Layer &layer(int k) { return k < n_pi ? pi[k] : vf[k - n_pi]; }
 };
 
-// Threads the kernel may use: SCALEBOX_MS_KERNEL_THREADS if it is an integer >= 1 (at most 64), else
-// std::thread::hardware_concurrency() capped at 8.
-int kernel_threads() {
-  if (const char *e = std::getenv("SCALEBOX_MS_KERNEL_THREADS")) {
-    char *end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (end != e && *end == '\0' && v >= 1) return static_cast<int>(std::min(v, 64L));
-  }
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(std::min(hw, 8u));
-}
-
 // Blocks of rows for a minibatch of M rows: 1 (the single-thread path) below kMinSplitRows rows, else
 // ceil(M / kBlockRows) near-equal contiguous blocks. Depends on M only, never on the thread count.
 inline int blocks_for(int M) { return M < kMinSplitRows ? 1 : (M + kBlockRows - 1) / kBlockRows; }

@@ -52,8 +52,9 @@
 namespace {
 
 #include "simd.h"       // kCols, round_up, vf, loadv/storev, tanhv (SIMD width from -march)
+#include "threads.h"    // kernel_threads, run_parallel
 #include "mlp.h"        // gemm, Dense, forward, backward, MlpMeta, Activation
-#include "ppo_state.h"  // Input, PPOMeta, Hyper, Layer, Worker, BlockAcc, Ctx, kernel_threads, blocks_for
+#include "ppo_state.h"  // Input, PPOMeta, Hyper, Layer, Worker, BlockAcc, Ctx, blocks_for, threads_for
 #include "ppo_loss.h"   // run_block
 #include "ppo_optim.h"  // apply_update
 
@@ -230,33 +231,7 @@ Sums run_split(Ctx &c, int M, int NB, int T) {
       acc.sums = w.sums;
     }
   };
-  std::vector<std::thread> threads;
-  std::vector<int> inline_runs;  // threads that could not be started: their blocks run here, same results
-  std::atomic<bool> worker_failed{false};  // an exception must not escape a std::thread (std::terminate)
-  threads.reserve(T - 1);
-  for (int t = 1; t < T; ++t) {
-    try {
-      threads.emplace_back([&run_blocks, &worker_failed, t] {
-        const FlushDenormals ftz;  // as the calling thread (the kernel's entry point)
-        try {
-          run_blocks(t);
-        } catch (...) {
-          worker_failed = true;
-        }
-      });
-    } catch (...) {
-      inline_runs.push_back(t);
-    }
-  }
-  try {
-    run_blocks(0);
-    for (int t : inline_runs) run_blocks(t);
-  } catch (...) {
-    for (std::thread &th : threads) th.join();
-    throw;
-  }
-  for (std::thread &th : threads) th.join();
-  if (worker_failed) throw std::bad_alloc();
+  run_parallel(T, true, run_blocks);  // (threads.h)
   Sums s = c.blocks[0].sums;
   for (int b = 1; b < NB; ++b) s.add(c.blocks[b].sums);
   return s;
