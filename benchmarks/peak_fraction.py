@@ -9,7 +9,8 @@
 3. The best configuration (native CartPole, compiled rollout, C++ update kernel) at growing env batches, env steps/s
    updates included (``native_throughput.run``), times the work per step, as a fraction of the peak.
 
-Usage:  python benchmarks/peak_fraction.py [--peak-size 4096] [--out benchmarks/results/peak_fraction.json]
+Usage:  python benchmarks/peak_fraction.py [--peak-size 4096] [--act-kernel builtin|custom]
+        [--out benchmarks/results/peak_fraction.json]
 """
 from __future__ import annotations
 
@@ -64,6 +65,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peak-size", type=int, default=4096)
     ap.add_argument("--iterations", type=int, default=6)
+    ap.add_argument("--act-kernel", choices=("builtin", "custom"), default="builtin",
+                    help="the acting call inside the compiled rollout: MindSpore ops or the fused C++ kernel")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "peak_fraction.json"))
     args = ap.parse_args()
     from native_throughput import run
@@ -80,7 +83,7 @@ def main() -> None:
           + ", ".join(f"{k} {100 * v:.0f}%" for k, v in layers.items()))
     rows = []
     for n, t in ((1024, 16), (4096, 16), (8192, 16)):
-        r = run("native", True, n, t, args.iterations, "custom")
+        r = run("native", True, n, t, args.iterations, "custom", args.act_kernel)
         r["gflops"] = r["steps_per_s"] * work["per_env_step_flop"] / 1e9
         r["peak_fraction"] = r["gflops"] * 1e9 / peak
         rows.append(r)
