@@ -12,13 +12,15 @@ the calls after the first two, for
   once per phase (``DQNLearner.batches_targets`` patched off), and ``builtin, per-step targets`` (neither
   change: the code before both).
 
-Each configuration runs in its own fresh process, one after another. Tasks: ``dqn_cartpole``
+``--graph-kernel`` adds each configuration again with MindSpore's graph-kernel fusion
+(``mindspore.set_context(enable_graph_kernel=True)``; on CPU it needs the ``decorator`` module, which MindSpore 2.10
+does not install). Each configuration runs in its own fresh process, one after another. Tasks: ``dqn_cartpole``
 (configs/dqn_cartpole.yaml: 256x256 Q-network, batch 64, 128 gradient steps per phase) and ``sac_pendulum``
 (configs/sac_pendulum.yaml: 256x256 actor and critics, batch 256; phases of 1 gradient step, so the phase call's
 fixed cost is included).
 
 Usage:  python benchmarks/offpolicy_step.py [--tasks dqn_cartpole sac_pendulum] [--calls 30]
-        [--out benchmarks/results/offpolicy_step.json]
+        [--graph-kernel] [--out benchmarks/results/offpolicy_step.json]
 """
 from __future__ import annotations
 
@@ -36,12 +38,15 @@ VARIANTS = {"dqn_cartpole": [("builtin", True), ("custom", True), ("custom", Fal
             "sac_pendulum": [("builtin", True), ("custom", True)]}
 
 
-def worker(task: str, kernel: str, batched: bool, calls: int, collect: int) -> dict:
+def worker(task: str, kernel: str, batched: bool, calls: int, collect: int, graph_kernel: bool = False) -> dict:
     import time
 
     import mindspore as ms
     import numpy as np
     from mindspore import Tensor
+
+    if graph_kernel:
+        ms.set_context(enable_graph_kernel=True)
 
     from scalebox_ms.config import load_config
     from scalebox_ms.trainers import make_trainer
@@ -77,7 +82,7 @@ def worker(task: str, kernel: str, batched: bool, calls: int, collect: int) -> d
         times.append((time.perf_counter() - t0) * 1e3 / G)
     kept = sorted(times[2:])
     return {"task": task, "optimizer_kernel": kernel, "batched_targets": bool(t.phase.batched_targets),
-            "kernel_used": bool(t.optimizer_kernel), "gradient_steps_per_call": G, "calls": len(kept),
+            "kernel_used": bool(t.optimizer_kernel), "graph_kernel": graph_kernel, "gradient_steps_per_call": G, "calls": len(kept),
             "median_ms_per_step": kept[len(kept) // 2], "min_ms_per_step": kept[0]}
 
 
@@ -87,26 +92,34 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--collect", type=int, default=3000, help="env steps of random actions before timing")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "offpolicy_step.json"))
-    ap.add_argument("--worker", nargs=3, metavar=("TASK", "KERNEL", "BATCHED"), help=argparse.SUPPRESS)
+    ap.add_argument("--graph-kernel", action="store_true", help="also run each configuration with graph-kernel fusion")
+    ap.add_argument("--worker", nargs=4, metavar=("TASK", "KERNEL", "BATCHED", "FUSION"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        task, kernel, batched = args.worker
-        print(json.dumps(worker(task, kernel, batched == "1", args.calls, args.collect)))
+        task, kernel, batched, fusion = args.worker
+        print(json.dumps(worker(task, kernel, batched == "1", args.calls, args.collect, fusion == "1")))
         return
     from scalebox_ms.fileio import atomic_write_json
 
     rows = []
     for task in args.tasks:
-        for kernel, batched in VARIANTS[task]:
+        for kernel, batched, fusion in [v + (f,) for v in VARIANTS[task] for f in (False, True)[:1 + args.graph_kernel]]:
             with tempfile.TemporaryDirectory() as tmp:  # (MindSpore writes its caches into the working directory)
                 proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--calls", str(args.calls),
-                                       "--collect", str(args.collect), "--worker", task, kernel, str(int(batched))],
-                                      cwd=tmp, capture_output=True, text=True, check=False)
+                                       "--collect", str(args.collect), "--worker", task, kernel, str(int(batched)),
+                                       str(int(fusion))], cwd=tmp, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
-                sys.exit(f"{task} {kernel}: worker failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+                err = next((ln for ln in reversed(proc.stderr.splitlines()) if "Check failed" in ln),
+                           (proc.stderr.strip().splitlines() or ["?"])[-1])
+                if not fusion:
+                    sys.exit(f"{task} {kernel}: worker failed: {err}")
+                rows.append({"task": task, "optimizer_kernel": kernel, "graph_kernel": True, "error": err[-300:]})
+                print(f"{task:14s} {kernel}, graph-kernel fusion: failed to compile: {err[-200:]}", flush=True)
+                continue
             row = json.loads(proc.stdout.strip().splitlines()[-1])
             rows.append(row)
-            label = kernel + ("" if row["batched_targets"] or task != "dqn_cartpole" else ", per-step targets")
+            label = kernel + ("" if row["batched_targets"] or task != "dqn_cartpole" else ", per-step targets") + (
+                ", graph-kernel fusion" if fusion else "")
             print(f"{task:14s} {label:28s} {row['median_ms_per_step']:7.3f} ms/step (min {row['min_ms_per_step']:.3f})",
                   flush=True)
     atomic_write_json(args.out, {"rows": rows})
