@@ -52,6 +52,11 @@ def test_evaluations_leave_training_unchanged_and_a_solved_run_stops_resumably(t
     cfg_path.write_text(yaml.safe_dump(edited))
     resumed = _run(None, resume=str(tmp_path / "solved"))
     assert resumed["status"] == "completed" and resumed["param_sha256"] == plain["param_sha256"]
+    # summary.json keeps the first session's evaluation (the checkpoint carries it): the same evaluations as the
+    # run that never stopped
+    assert resumed["evaluations"][0] == first
+    assert [e["step"] for e in resumed["evaluations"]] == steps
+    assert [e["mean"] for e in resumed["evaluations"]] == [e["mean"] for e in evaluated["evaluations"]]
 
 
 @pytest.mark.parametrize("run, extra, culprit", [
@@ -68,6 +73,7 @@ def test_bad_evaluation_settings_name_the_key(run, extra, culprit):
 def test_learn_takes_its_evaluations_from_the_config_unless_given_one(monkeypatch):
     from scalebox_ms.trainers import checkpoint, make_trainer
     from scalebox_ms.trainers.callbacks import EvalCallback
+    from scalebox_ms.trainers.checkpoint import sidecar_digest
 
     monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 200)
     cfg = _config(eval_every=300, eval_episodes=2, stop_return=1.0)
@@ -80,3 +86,35 @@ def test_learn_takes_its_evaluations_from_the_config_unless_given_one(monkeypatc
     trainer.learn(callbacks=[own])
     assert trainer.global_step == 960 and own.history == []
     trainer.close()
+
+
+
+def test_checkpoints_keep_the_evaluations_made_up_to_their_step(tmp_path, monkeypatch):
+    """A checkpoint carries trainer.evaluations (what summary.json's "evaluations" lists); one from before this
+    field existed loads with none. train_s counts this learn call's training time, evaluations excluded."""
+    from scalebox_ms.trainers import checkpoint, make_trainer
+    from scalebox_ms.trainers.callbacks import EvalCallback
+    from scalebox_ms.trainers.checkpoint import sidecar_digest
+
+    monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 64)  # an evaluation at every iteration end
+
+    cfg = _config(total_steps=320)
+    trainer = make_trainer(cfg)
+    every = EvalCallback(every_steps=64, episodes=1)
+    trainer.learn(until=192, callbacks=[every])
+    assert [e["step"] for e in trainer.evaluations] == [64, 128, 192] and trainer.evaluations == every.history
+    assert 0 <= every.history[0]["train_s"] < every.history[1]["train_s"] < every.history[2]["train_s"]
+    trainer.learn(until=256, callbacks=[every])  # a second learn call: train_s starts again, eval_s adds up
+    assert len(every.history) == 4 and every.history[3]["train_s"] < every.history[2]["train_s"]
+    trainer.save(str(tmp_path / "ck"))
+    again = make_trainer(cfg)
+    again.load(str(tmp_path / "ck"))
+    assert again.evaluations == trainer.evaluations
+    sidecar = tmp_path / "ck.json"
+    data = json.loads(sidecar.read_text())
+    del data["evaluations"]
+    data["sidecar_sha256"] = sidecar_digest(data)  # (as a checkpoint written before the field existed)
+    sidecar.write_text(json.dumps(data))
+    older = make_trainer(cfg)
+    older.load(str(tmp_path / "ck"))
+    assert older.evaluations == []

@@ -13,7 +13,10 @@ users know as ``EvalCallback`` + ``StopTrainingOnRewardThreshold``::
 
 Evaluations run on fresh gymnasium envs of the trainer's ``env.id`` (also for ``env.backend: native``), at the
 first iteration end at or after each multiple of ``every_steps``. ``train_s`` is the wall time since training
-started *without* the time spent in evaluations, so evaluating more often does not make training look slower.
+started (this ``learn`` call) *without* the time spent in evaluations, so evaluating more often does not make
+training look slower. Each result is also appended to ``trainer.evaluations``, which checkpoints keep: a resumed
+run's summary.json lists the evaluations of every session up to the step it resumed from (``train_s`` counts from
+the start of each session's ``learn``).
 ``learn`` (and so the CLI) adds one from the config, unless given one: ``run.eval_every`` (and ``run.eval_episodes``),
 ``run.stop_return``.
 
@@ -42,10 +45,10 @@ class EvalCallback(Callback):
             raise ValueError(f"episodes: must be >= 1, got {episodes}")
         self.every_steps, self.episodes, self.threshold = int(every_steps), int(episodes), threshold
         self.seed, self.clock, self.log = int(seed), clock, log
-        self.history: List[dict] = []  # one dict per evaluation: step, train_s, eval_s, mean, std
+        self.history: List[dict] = []  # one dict per evaluation of this callback: step, train_s, eval_s, mean, std
         self.solved: Optional[dict] = None
         self.eval_s = 0.0  # time spent evaluating, in all
-        self._t0 = 0.0
+        self._t0 = self._eval_at_start = 0.0
         self._next = 0
 
     @classmethod
@@ -56,7 +59,7 @@ class EvalCallback(Callback):
         return cls(r.eval_every, r.eval_episodes, r.stop_return, seed=r.seed + 10_000, log=log)
 
     def on_training_start(self, trainer) -> None:
-        self._t0 = self.clock()
+        self._t0, self._eval_at_start = self.clock(), self.eval_s  # (a callback may serve several learn calls)
         self._next = (trainer.global_step // self.every_steps + 1) * self.every_steps
 
     def on_iteration_end(self, trainer, metrics: dict) -> Optional[bool]:
@@ -67,7 +70,8 @@ class EvalCallback(Callback):
         start = self.clock()
         returns = np.asarray(evaluate_policy(trainer, episodes=self.episodes, seed=self.seed), float)
         took = self.clock() - start
-        record = {"step": int(trainer.global_step), "train_s": start - self._t0 - self.eval_s, "eval_s": took,
+        record = {"step": int(trainer.global_step), "eval_s": took,
+                  "train_s": start - self._t0 - (self.eval_s - self._eval_at_start),
                   "mean": float(returns.mean()), "std": float(returns.std())}
         solved = self.threshold is not None and record["mean"] >= self.threshold
         dist = getattr(trainer, "dist", None)
@@ -78,6 +82,8 @@ class EvalCallback(Callback):
                 record["mean"], record["std"] = float(mean), float(std)
         self.eval_s += took
         self.history.append(record)
+        if isinstance(getattr(trainer, "evaluations", None), list):
+            trainer.evaluations.append(record)
         self._next = (trainer.global_step // self.every_steps + 1) * self.every_steps
         if self.log is not None:
             self.log(f"evaluation at step {record['step']}: mean return {record['mean']:.2f} +- {record['std']:.2f} "

@@ -84,6 +84,7 @@ class Trainer:
         self.global_step = 0
         self.iteration = 0
         self.wall_time_s = 0.0  # accumulated over sessions (resume)
+        self.evaluations: list = []  # EvalCallback's results while training (run.eval_every), kept in checkpoints
         self._last_metrics: dict = {}
         # stochastic predict(): its own stream of the run's seed (never the training stream)
         self._predict_rng = np.random.Generator(np.random.PCG64([self.config.run.seed, 1]))

@@ -373,7 +373,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     writer = MetricsWriter(metrics_path, METRIC_COLUMNS if cfg.algo == "ppo" else OFF_POLICY_COLUMNS)
     saver = CheckpointSaver(ckpt_dir, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
     evals = [EvalCallback.from_config(cfg, log)] if cfg.run.eval_every > 0 else []
-    callbacks: List[Callback] = [writer, saver, stopper, ProgressBeat()] + evals
+    # (evaluations before the saver: a checkpoint at an evaluation's step carries it, trainer.evaluations)
+    callbacks: List[Callback] = [writer] + evals + [saver, stopper, ProgressBeat()]
     show = cfg.run.progress if progress is None else progress
     if show:
         callbacks.append(ProgressBar(cfg.run.total_steps))
@@ -414,8 +415,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     }
     if getattr(trainer.env, "events", None) is not None:
         summary["env_events"] = list(trainer.env.events)  # isolated workers restarted (crash/timeout/memory)
-    if evals:
-        summary["evaluations"] = evals[0].history
+    if evals or trainer.evaluations:  # every session's, up to the step this one resumed from
+        summary["evaluations"] = list(trainer.evaluations)
     if stopper.signum is not None:
         summary["interrupted_by"] = stopper.name
     elif (completed or solved) and cfg.run.eval_episodes > 0:

@@ -85,6 +85,7 @@ def save(trainer, prefix: str) -> str:
         "global_step": trainer.global_step,
         "iteration": trainer.iteration,
         "wall_time_s": trainer.wall_time_s,
+        "evaluations": list(trainer.evaluations),
         "episodes": c.episodes,
         "episode_returns": list(c.episode_returns),
         "episode_lengths": list(c.episode_lengths),
@@ -151,6 +152,7 @@ def load(trainer, path: str):
     trainer.global_step = int(sc["global_step"])
     trainer.iteration = int(sc["iteration"])
     trainer.wall_time_s = float(sc["wall_time_s"])
+    trainer.evaluations = [e for e in sc.get("evaluations") or [] if isinstance(e, dict)]  # (older checkpoints: none)
     c.episodes = int(sc["episodes"])
     c.episode_returns = collections.deque(sc["episode_returns"], maxlen=100)
     c.episode_lengths = collections.deque(sc["episode_lengths"], maxlen=100)
