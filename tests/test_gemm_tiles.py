@@ -36,7 +36,7 @@ def dumps(tmp_path_factory):
     """{tile rows (None: the default for this CPU): the probe's cases}."""
     tmp = tmp_path_factory.mktemp("gemm_probe")
     out = {}
-    for rows in (None, 4, 8):
+    for rows in (None, 4, 6, 8):
         exe, data = tmp / f"probe_{rows}", tmp / f"cases_{rows}.bin"
         subprocess.run(probe_command(str(exe), rows), check=True, capture_output=True)
         subprocess.run([str(exe), "dump", str(data)], check=True)

@@ -26,6 +26,7 @@ void run_parallel(int T, bool flush_denormals, const Part &part) {
   std::vector<int> inline_runs;
   std::atomic<bool> failed{false};
   threads.reserve(T > 1 ? T - 1 : 0);
+  inline_runs.reserve(T > 1 ? T - 1 : 0);  // (so that recording a thread that could not start cannot throw)
   for (int t = 1; t < T; ++t) {
     try {
       threads.emplace_back([&part, &failed, flush_denormals, t] {
