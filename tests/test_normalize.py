@@ -14,6 +14,24 @@ def test_running_mean_std_matches_numpy_over_all_batches():
     np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-6)
 
 
+def test_one_row_updates_give_the_general_updates_bits():
+    """The one-env fast path (a batch of one row) gives exactly what the mean/var of that row give."""
+    rng = np.random.default_rng(1)
+    fast, general = RunningMeanStd((4,)), RunningMeanStd((4,))
+    for _ in range(200):
+        row = rng.normal(loc=5.0, scale=3.0, size=(1, 4)) * rng.choice([1e-3, 1.0, 1e3])
+        fast.update(row)
+        b_mean, b_var = row.mean(axis=0), row.var(axis=0)  # the general path, by hand
+        delta = b_mean - general.mean
+        total = general.count + 1
+        general.mean = general.mean + delta * 1 / total
+        general.var = (general.var * general.count + b_var * 1 + delta**2 * general.count * 1 / total) / total
+        general.count = total
+    np.testing.assert_array_equal(fast.mean, general.mean)
+    np.testing.assert_array_equal(fast.var, general.var)
+    assert fast.count == general.count
+
+
 def test_obs_normalizer_state_roundtrip_and_clip():
     rng = np.random.default_rng(1)
     a = ObsNormalizer(2, clip=1.5)
