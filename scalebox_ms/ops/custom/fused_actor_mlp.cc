@@ -66,7 +66,25 @@ inline const float *direct_mlp(const std::vector<StoredDense> &layers, const flo
     const StoredDense &L = layers[l];
     float *y = bufs[l & 1];
     const int outp = round_up(L.out, kCols);
-    for (int o = 0; o < L.out; ++o) {
+    int o = 0;
+    // kChains outputs at a time: independent FMA chains, so the core overlaps them instead of waiting out each
+    // FMA's latency (one chain of 256 FMAs per output of a 256-wide layer); each output is still its own chain
+    // from the bias in k order, so the results are those of one output at a time.
+    constexpr int kChains = 8;
+    for (; o + kChains <= L.out; o += kChains) {
+      float acc[kChains];
+      const float *w[kChains];
+      for (int j = 0; j < kChains; ++j) {
+        acc[j] = L.b[o + j];
+        w[j] = L.w + static_cast<int64_t>(o + j) * L.ld;
+      }
+      for (int k = 0; k < L.in; ++k) {
+        const float xk = cur[k];
+        for (int j = 0; j < kChains; ++j) acc[j] += xk * w[j][k];
+      }
+      for (int j = 0; j < kChains; ++j) y[o + j] = acc[j];
+    }
+    for (; o < L.out; ++o) {
       const float *w = L.w + o * L.ld;
       float acc = L.b[o];
       for (int k = 0; k < L.in; ++k) acc += cur[k] * w[k];
