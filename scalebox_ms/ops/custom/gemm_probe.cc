@@ -34,6 +34,21 @@ struct Case {
   bool bias, a_transposed;
 };
 
+// A as the GEMM reads it: row-major (rows, K), or A^T (K, rows) when a_transposed; sets the strides.
+std::vector<float> stored_a(const Case &c, const std::vector<float> &a, int64_t &sar, int64_t &sak) {
+  if (!c.a_transposed) {
+    sar = c.K;
+    sak = 1;
+    return a;
+  }
+  std::vector<float> t(a.size());
+  for (int r = 0; r < c.rows; ++r)
+    for (int k = 0; k < c.K; ++k) t[static_cast<size_t>(k) * c.rows + r] = a[static_cast<size_t>(r) * c.K + k];
+  sar = 1;
+  sak = c.rows;
+  return t;
+}
+
 // C = act(bias + A B) for one case; A stored row-major (rows, K), or as A^T (K, rows) when a_transposed (the
 // backward's dW = delta^T H layout). Returns A (logical), B, bias, C.
 void run_case(const Case &c, uint32_t seed, std::vector<float> &a, std::vector<float> &b, std::vector<float> &bias,
@@ -45,14 +60,8 @@ void run_case(const Case &c, uint32_t seed, std::vector<float> &a, std::vector<f
   for (float &x : a) x = g.next();
   for (float &x : b) x = g.next() * 0.5f;
   for (float &x : bias) x = g.next() * 0.1f;
-  std::vector<float> stored = a;
-  int64_t sar = c.K, sak = 1;
-  if (c.a_transposed) {
-    for (int r = 0; r < c.rows; ++r)
-      for (int k = 0; k < c.K; ++k) stored[static_cast<size_t>(k) * c.rows + r] = a[static_cast<size_t>(r) * c.K + k];
-    sar = 1;
-    sak = c.rows;
-  }
+  int64_t sar, sak;
+  const std::vector<float> stored = stored_a(c, a, sar, sak);
   out.assign(static_cast<size_t>(c.rows) * c.N, 0.0f);
   gemm(c.rows, c.N, c.K, stored.data(), sar, sak, b.data(), c.N, out.data(), c.N, c.bias ? bias.data() : nullptr,
        c.act);
@@ -105,14 +114,8 @@ int time_shapes() {
   std::vector<float> a, b, bias, out;
   for (const Shape &s : shapes) {
     run_case(s.c, 7, a, b, bias, out);  // inputs and warm-up
-    std::vector<float> stored = a;
-    int64_t sar = s.c.K, sak = 1;
-    if (s.c.a_transposed) {
-      for (int r = 0; r < s.c.rows; ++r)
-        for (int k = 0; k < s.c.K; ++k) stored[static_cast<size_t>(k) * s.c.rows + r] = a[static_cast<size_t>(r) * s.c.K + k];
-      sar = 1;
-      sak = s.c.rows;
-    }
+    int64_t sar, sak;
+    const std::vector<float> stored = stored_a(s.c, a, sar, sak);
     const int reps = 300;
     double best = 1e30;
     for (int i = 0; i < reps; ++i) {
