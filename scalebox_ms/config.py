@@ -72,6 +72,10 @@ class PolicyConfig:
     #: NatureCNN sizes: output channels of its three convolutions (8x8/4, 4x4/2, 3x3/1) and of its Dense layer
     cnn_channels: List[int] = field(default_factory=lambda: [32, 64, 64])
     cnn_features_dim: int = 512
+    #: NatureCNN's first-layer patches on CPU: 'builtin' (ops.unfold), 'custom' (the C++ im2col kernel of
+    #: scalebox_ms.ops.custom.patches: reads the uint8 frames, same values bit for bit), 'auto' (custom on CPU when
+    #: the kernel can be built, else builtin)
+    conv_kernel: str = "auto"
 
 
 @dataclass

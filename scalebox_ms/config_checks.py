@@ -23,6 +23,7 @@ _CHOICES = {
     ("env", "backend"): ("gymnasium", "native", "envpool"),
     ("policy", "layer"): ("dense", "fused"),
     ("policy", "act_kernel"): ("builtin", "custom", "auto"),
+    ("policy", "conv_kernel"): ("builtin", "custom", "auto"),
     ("ppo", "update_kernel"): ("builtin", "custom", "auto"),
     ("policy", "features"): ("auto", "mlp", "nature_cnn"),
     ("env", "preprocess"): ("auto", "atari", "none"),

@@ -108,6 +108,7 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     import mindspore as ms
 
     from . import __version__
+    from .models.cnn import builtin_patches
 
     if not output.endswith(".mindir"):
         raise ConfigError(f"--output {output}: must end with .mindir")
@@ -139,7 +140,8 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     tmp_prefix = os.path.join(directory, f".tmp-{os.path.basename(output)[:-7]}-{os.getpid()}")
     try:
         os.makedirs(directory, exist_ok=True)
-        ms.export(cell, *inputs, file_name=tmp_prefix, file_format="MINDIR")
+        with builtin_patches(cell):  # MindSpore ops only: an aot kernel's library does not travel with the file
+            ms.export(cell, *inputs, file_name=tmp_prefix, file_format="MINDIR")
         os.replace(tmp_prefix + ".mindir", output)
     except OSError as exc:
         raise ConfigError(f"--output {output}: cannot write ({exc.strerror or exc})") from None

@@ -8,7 +8,11 @@ initialisation every layer gets gain sqrt(2) and zero biases (SB3's ``ortho_init
 :class:`Conv` holds ``nn.Conv2d``'s Parameters (``weight (out, in, k, k)``, ``bias (out,)``) and computes the
 convolution as im2col (``ops.unfold``) + one batched matmul on CPU, where MindSpore 2.10's ``Conv2D`` kernel is much
 slower (``benchmarks/cnn_conv.py``; docs/performance.md has the table); elsewhere it calls ``ops.conv2d``.
-Tests check both against ``nn.Conv2d``.
+Tests check both against ``nn.Conv2d``. On the im2col path the first layer's patches can come from a C++ kernel
+instead (:meth:`NatureCNN.set_patch_kernel`, ``policy.conv_kernel``; :mod:`scalebox_ms.ops.custom.patches`): it
+reads the uint8 frames, casts, scales by 1/255 and unfolds them in one pass, with ``ops.unfold``'s values bit for
+bit; it has no backward (nothing needs the observation's gradient), so its output goes through
+``ops.stop_gradient``. :func:`builtin_patches` switches back to the MindSpore ops for a MindIR export.
 
 :class:`CombinedFeatures` is SB3's ``CombinedExtractor`` for Dict/Tuple observations with images inside: one
 NatureCNN per image leaf on its unpacked frame (:func:`unpack_pixels`), the other columns passed through, all
@@ -16,6 +20,7 @@ concatenated in leaf order.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import mindspore as ms
@@ -40,7 +45,13 @@ class Conv(nn.Cell):
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.im2col = (ms.get_context("device_target") == "CPU") if im2col is None else bool(im2col)
 
+        self.patches = None  # an ImagePatchesKernel (first layer only, set_patch_kernel): computes the patches
+        self.use_patches = False
+
     def construct(self, x):
+        if self.use_patches:  # x: the raw observation; the kernel casts, scales and unfolds it (no gradient)
+            return conv_from_patches(ops.stop_gradient(self.patches(x)), self.weight, self.bias, x.shape[2],
+                                     x.shape[3], self.stride)
         return conv2d_valid(x, self.weight, self.bias, self.stride, self.im2col)
 
 
@@ -48,10 +59,17 @@ def conv2d_valid(x, weight, bias, stride: int, im2col: bool):
     """Valid 2-D convolution of NCHW ``x`` with ``weight (out, in, k, k)``: im2col + matmul, or ``ops.conv2d``."""
     if not im2col:
         return ops.conv2d(x, weight, bias, stride=stride, pad_mode="valid")
-    B, _, H, W = x.shape
+    k = weight.shape[2]
+    cols = ops.unfold(x, k, 1, 0, stride)  # (B, C*k*k, oh*ow), the patch in (C, kh, kw) order like the weight
+    return conv_from_patches(cols, weight, bias, x.shape[2], x.shape[3], stride)
+
+
+def conv_from_patches(cols, weight, bias, H: int, W: int, stride: int):
+    """The convolution of an ``H x W`` input from its im2col patches ``cols (B, C*k*k, oh*ow)``: one batched
+    matmul with the weight ``(out, C, k, k)``, plus the bias, as NCHW ``(B, out, oh, ow)``."""
+    B = cols.shape[0]
     out, k, s = weight.shape[0], weight.shape[2], stride
     oh, ow = (H - k) // s + 1, (W - k) // s + 1
-    cols = ops.unfold(x, k, 1, 0, s)  # (B, C*k*k, oh*ow), the patch in (C, kh, kw) order like the weight
     # (B, out, C*k*k) @ (B, C*k*k, oh*ow) -> (B, out, oh*ow): already NCHW, no transposes (they cost more than the
     # matmul). The weight is broadcast explicitly: through ops.matmul's implicit broadcast, MindSpore 2.10's CPU
     # backward also computes the patches' gradient (and unfold's backward) where nothing needs it, e.g. for the
@@ -60,6 +78,26 @@ def conv2d_valid(x, weight, bias, stride: int, im2col: bool):
     w = ops.broadcast_to(weight.reshape(1, out, -1), (B, out, cols.shape[1]))
     y = ops.bmm(w, cols) + bias.reshape(out, 1)
     return y.reshape(B, out, oh, ow)
+
+
+def patch_kernel_cnns(model) -> list:
+    """Every NatureCNN inside ``model`` (a Cell), e.g. the policy's, the value function's and target networks'."""
+    return [cell for _, cell in model.cells_and_names() if isinstance(cell, NatureCNN)]
+
+
+@contextlib.contextmanager
+def builtin_patches(model):
+    """Within the block every NatureCNN of ``model`` computes its patches with MindSpore's ops (``ops.unfold``):
+    for graphs compiled there, e.g. a MindIR export (an aot kernel's library path does not travel with the file).
+    Graphs compiled before keep their own choice; the kernels are set back afterwards."""
+    saved = [(cnn, cnn.first.patches) for cnn in patch_kernel_cnns(model)]
+    try:
+        for cnn, _ in saved:
+            cnn.set_patch_kernel(None)
+        yield model
+    finally:
+        for cnn, kernel in saved:
+            cnn.set_patch_kernel(kernel)
 
 
 def conv_output_hw(h: int, w: int):
@@ -92,11 +130,31 @@ class NatureCNN(nn.Cell):
                        else nn.Dense(self.n_flatten, features_dim))
         self.features_dim = int(features_dim)
         self.image_shape = (c, h, w)
+        self.raw_input = False  # True with a patch kernel: construct hands the frames to the first layer as they are
 
     def construct(self, obs):
-        x = obs.astype(ms.float32) * (1.0 / 255.0)
-        x = self.conv(x)
+        if self.raw_input:  # the first layer's kernel reads the frames themselves (uint8 or float pixels)
+            x = self.conv(obs)
+        else:
+            x = self.conv(obs.astype(ms.float32) * (1.0 / 255.0))
         return ops.relu(self.linear(x.reshape(x.shape[0], -1)))
+
+    @property
+    def first(self) -> Conv:
+        return self.conv[0]
+
+    def set_patch_kernel(self, kernel) -> None:
+        """Compute the first convolution's patches with ``kernel`` (an
+        :class:`~scalebox_ms.ops.custom.patches.ImagePatchesKernel` for 8x8/4 and scale 1/255, on the im2col path),
+        or with ``ops.unfold`` again (None). Before the model is compiled: a compiled graph keeps its choice."""
+        first = self.first
+        if kernel is not None:
+            k, s = KERNELS[0]
+            if not first.im2col or (kernel.k, kernel.s) != (k, s):
+                raise ConfigError(f"policy.conv_kernel: the patches kernel needs the im2col path and {k}x{k} "
+                                  f"stride {s}, got im2col={first.im2col}, {kernel.k}x{kernel.k} stride {kernel.s}")
+        first.patches, first.use_patches = kernel, kernel is not None
+        self.raw_input = kernel is not None
 
     def activation_sizes(self, image_shape=None) -> list:
         """Floats per image of each layer's im2col patches, broadcast weight (CPU path) and outputs (for memory

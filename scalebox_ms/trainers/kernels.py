@@ -1,6 +1,7 @@
-"""Kernel selection: which implementation runs the acting call and the PPO update.
+"""Kernel selection: which implementation runs the acting call, the PPO update, the off-policy optimizer step and
+the CNN's first-layer patches.
 
-Three choices, one rule each, all logged the same way (logger ``scalebox_ms``, one INFO line saying which path
+Four choices, one rule each, all logged the same way (logger ``scalebox_ms``, one INFO line saying which path
 was chosen and why; a WARNING when an ``auto`` choice had to fall back because the kernel could not be built):
 
 * ``policy.act_kernel`` -- the acting call: ``builtin`` (MindSpore ops in the compiled :class:`ActStep`) or
@@ -17,6 +18,10 @@ was chosen and why; a WARNING when an ``auto`` choice had to fall back because t
   ops) or ``custom`` (the C++ optimizer step and target update, ``ops/custom/offpolicy_optim.cc``). ``auto`` picks
   ``custom`` on CPU in float32 for optimizers of up to :data:`AUTO_OPTIMIZER_MAX_ELEMENTS` values
   (``benchmarks/offpolicy_step.py`` measured 256x256 MLPs; the kernel is single-threaded, MindSpore's Adam is not).
+* ``policy.conv_kernel`` (every algorithm, image observations) -- NatureCNN's first-layer patches on CPU:
+  ``builtin`` (``ops.unfold`` of the scaled frames) or ``custom`` (the C++ im2col kernel reading the uint8 frames,
+  ``ops/custom/patches.cc``; the same values bit for bit). ``auto`` picks ``custom`` on CPU whenever it can be
+  built: it is exact, so there is no measured range to stay within (``benchmarks/cnn_conv.py`` times both).
 """
 from __future__ import annotations
 
@@ -177,6 +182,55 @@ def select_update_kernel(config, model, optimizer, amp, world_size: int, device:
         return None
     _report("ppo.update_kernel", choice, "C++ kernel", "CPU, float32, one process, settings it implements")
     return kernel
+
+
+def select_conv_kernel(policy_cfg, model, device: str) -> str:
+    """Per ``policy.conv_kernel``, compute the first-layer patches of every NatureCNN in ``model`` (policy, value
+    function, targets) with the C++ kernel (:class:`~scalebox_ms.ops.custom.patches.ImagePatchesKernel`), set before
+    the model's graphs compile; returns 'custom' or 'builtin'. ``custom`` that cannot run raises (ConfigError /
+    CustomOpError); ``auto`` then keeps ``ops.unfold``. The choice is logged (nothing for models without a CNN
+    under ``auto``/``builtin``)."""
+    from ..config import checked_section
+    from ..models.cnn import KERNELS as CONV_LAYERS, patch_kernel_cnns
+
+    choice = checked_section("policy", conv_kernel=policy_cfg.conv_kernel).conv_kernel  # the config's own check
+    cnns = patch_kernel_cnns(model)
+    if not cnns:
+        if choice == "custom":
+            raise ConfigError("policy.conv_kernel: custom applies to the NatureCNN of image observations; this model "
+                              "has none (use auto or builtin)")
+        return "builtin"
+    if choice == "builtin":
+        _report("policy.conv_kernel", choice, "ops.unfold", "as configured")
+        return "builtin"
+    blocker = None
+    if device != "CPU":
+        blocker = f"the {device} backend (the kernel is CPU code; convolutions there run ops.conv2d)"
+    elif not all(cnn.first.im2col for cnn in cnns):
+        blocker = "a NatureCNN built without the im2col path (im2col=False)"
+    if blocker is not None:
+        if choice == "custom":
+            raise ConfigError(f"policy.conv_kernel: custom cannot run with {blocker}; use builtin or auto")
+        _report("policy.conv_kernel", choice, "ops.unfold", blocker)
+        return "builtin"
+    from ..ops.custom import kernel_available
+    from ..ops.custom.patches import KERNEL, ImagePatchesKernel
+
+    if choice == "auto" and not kernel_available(KERNEL):
+        _report("policy.conv_kernel", choice, "ops.unfold", "no C++ compiler and no cached kernel")
+        return "builtin"
+    try:
+        k, s = CONV_LAYERS[0]
+        kernel = ImagePatchesKernel(k, s, 1.0 / 255.0)  # (stateless: one instance serves every CNN)
+    except CustomOpError as exc:
+        if choice == "custom":
+            raise CustomOpError(f"policy.conv_kernel: custom: {exc}") from None
+        _report("policy.conv_kernel", choice, "ops.unfold", f"the C++ kernel cannot be built: {exc}", fallback=True)
+        return "builtin"
+    for cnn in cnns:
+        cnn.set_patch_kernel(kernel)
+    _report("policy.conv_kernel", choice, "C++ kernel", "CPU" if choice == "auto" else "as configured")
+    return "custom"
 
 
 def select_optimizer_kernel(config, learner, amp, device: str) -> bool:

@@ -39,7 +39,7 @@ from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
 from . import checkpoint
 from .core import Callback, Trainer
-from .kernels import select_optimizer_kernel
+from .kernels import select_conv_kernel, select_optimizer_kernel
 from .offpolicy_graph import NONFINITE_LIMIT, DeployActor, NativeCycle, PolicyCall, TrainingPhase
 
 
@@ -105,8 +105,9 @@ class OffPolicyTrainer(Trainer):
         self.replay_row_bytes = row
         self.learner = self.learner_class(spec, cfg.policy, o, amp=self.amp)
         self.model = self.learner
-        self.optimizer_kernel = select_optimizer_kernel(cfg, self.learner, self.amp, getattr(self.sandbox, "device",
-                                                                                            "CPU"))
+        device = getattr(self.sandbox, "device", "CPU")
+        self.optimizer_kernel = select_optimizer_kernel(cfg, self.learner, self.amp, device)
+        self.conv_kernel = select_conv_kernel(cfg.policy, self.learner, device)  # images: first-layer patches
         self.replay = ReplayBuffer(o.buffer_size, fields, spare_row=True)
         normalize = c.obs_normalizer is not None
         batched = self.learner.batches_targets(self.gradient_steps * o.batch_size)

@@ -30,9 +30,9 @@ MESSAGES = {
 }
 #: the codes whose call wrote nothing (checked before any write); other failures may have left a partial update
 NOTHING_WRITTEN = frozenset(range(1, 10))
-#: exported symbol -> kernel name (both entry points of ppo_update.cc and of offpolicy_optim.cc)
+#: exported symbol -> kernel name (both entry points of ppo_update.cc and of offpolicy_optim.cc; patches.cc's)
 SYMBOLS = {"FusedActorMLP": "fused_actor_mlp", "PPOUpdate": "ppo_update", "PPOUpdateEpochs": "ppo_update",
-           "GuardedAdam": "offpolicy_optim", "PolyakUpdate": "offpolicy_optim"}
+           "GuardedAdam": "offpolicy_optim", "PolyakUpdate": "offpolicy_optim", "ImagePatches": "image_patches"}
 
 _RETURN_VALUE = re.compile(r"AOT kernel\((?P<lib>[^)]*)\)'s function\((?P<symbol>\w+)\) is (?P<code>-?\d+)")
 
