@@ -5,7 +5,9 @@ configs/ppo_atari.yaml): forward seconds and forward+backward (weight gradients)
 a warm-up, both compiled with ``@ms.jit``; then the whole NatureCNN forward and forward+backward both ways.
 ``im2col, implicit broadcast`` is the formulation models/cnn.py used before: ``ops.matmul(weight, patches)``,
 MindSpore broadcasting the weight over the batch itself (its backward then also computes the patches' gradient).
-The variants run one after the other (nn.Conv2d, im2col, implicit), not interleaved.
+The variants run one after the other (nn.Conv2d, im2col, implicit), not interleaved. The whole-NatureCNN row
+also times ``im2col_patch_kernel``: the first layer's patches from the C++ kernel on the uint8 frames
+(``policy.conv_kernel: custom``, ops/custom/patches.cc) instead of ``ops.unfold`` of the scaled float frames.
 
 Usage:  python benchmarks/cnn_conv.py [--batch 256] [--out benchmarks/results/cnn_conv.json]
 """
@@ -78,6 +80,7 @@ def main() -> None:
     from scalebox_ms import Sandbox
     from scalebox_ms.fileio import atomic_write_json
     from scalebox_ms.models.cnn import Conv, NatureCNN
+    from scalebox_ms.ops.custom.patches import ImagePatchesKernel
 
     Sandbox(device="cpu", seed=0)
     B = args.batch
@@ -99,6 +102,11 @@ def main() -> None:
     for name, (fwd, fwd_bwd) in variants(lambda im2col: fwd_and_fwd_bwd(NatureCNN((4, 84, 84), im2col=im2col),
                                                                           frames)).items():
         whole[f"{name}_fwd_s"], whole[f"{name}_fwd_bwd_s"] = fwd, fwd_bwd
+    with_kernel = NatureCNN((4, 84, 84), im2col=True)
+    with_kernel.set_patch_kernel(ImagePatchesKernel(8, 4, 1.0 / 255.0))  # CustomOpError without a C++ compiler
+    whole["im2col_patch_kernel_fwd_s"], whole["im2col_patch_kernel_fwd_bwd_s"] = fwd_and_fwd_bwd(with_kernel, frames)
+    whole["patch_kernel_fwd_speedup"] = whole["im2col_fwd_s"] / whole["im2col_patch_kernel_fwd_s"]
+    whole["patch_kernel_fwd_bwd_speedup"] = whole["im2col_fwd_bwd_s"] / whole["im2col_patch_kernel_fwd_bwd_s"]
     rows.append(whole)
     print(whole, flush=True)
     for row in rows:

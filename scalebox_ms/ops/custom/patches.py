@@ -1,18 +1,19 @@
 """``ImagePatchesKernel``: the im2col patches of NatureCNN's first convolution as one C++ aot kernel (CPU).
 
-``ImagePatchesKernel(kernel, stride, scale)(x)`` with ``x`` uint8 or float32 ``(B, C, H, W)`` returns float32
-``(B, C*k*k, OH*OW)``, the values and layout of ``ops.unfold(x.astype(float32) * scale, k, 1, 0, stride)``, bit for
-bit (``patches.cc``; ``tests/test_images.py`` compares them). NatureCNN's first layer reads the observation itself, so
-nothing needs a gradient through its patches: the op has no backward, and :class:`~scalebox_ms.models.cnn.NatureCNN`
-puts ``ops.stop_gradient`` on its output (the weight gradient only needs the patches' values). On MindSpore 2.10's
-CPU ``ops.unfold`` of the first layer's 26M values per minibatch of 256 Atari frame stacks is about a fifth of a PPO
-update (docs/performance.md, CNN section); this kernel writes them in one pass, the uint8 -> float32 cast and the
-1/255 scaling included.
+``ImagePatchesKernel(kernel, stride, scale)(x)`` with ``x`` uint8 or float32 ``(B, C, H, W)`` returns float32 ``(B,
+C*k*k, OH*OW)``, the values and layout of ``ops.unfold(x.astype(float32) * scale, k, 1, 0, stride)``, bit for bit
+(``patches.cc``; ``tests/test_patch_kernel.py`` compares them). NatureCNN's first layer reads the observation
+itself, so nothing needs a gradient through its patches: the op has no backward, and
+:class:`~scalebox_ms.models.cnn.NatureCNN` puts ``ops.stop_gradient`` on its output (the weight gradient only needs
+the patches' values). On MindSpore 2.10's CPU ``ops.unfold`` of the first layer's 26M values per minibatch of 256
+Atari frame stacks is about a fifth of a PPO update (docs/performance.md, CNN section); this kernel writes them in
+one pass, the uint8 -> float32 cast and the 1/255 scaling included.
 
-Selected by ``policy.conv_kernel`` (:func:`scalebox_ms.trainers.kernels.resolve_conv_kernel`): ``auto`` uses it on
-CPU when it can be built, ``custom`` insists (a :class:`~scalebox_ms.errors.CustomOpError` off CPU or without a
-compiler), ``builtin`` keeps ``ops.unfold``. Exported MindIR policies always use the MindSpore ops
-(:func:`scalebox_ms.models.cnn.builtin_patches`): an aot kernel's library path does not travel with a model file.
+Selected by ``policy.conv_kernel`` (:func:`scalebox_ms.trainers.kernels.select_conv_kernel`): ``auto`` uses it on
+CPU when it can be built, ``custom`` insists (a one-line :class:`~scalebox_ms.errors.ConfigError` off CPU, a
+:class:`~scalebox_ms.errors.CustomOpError` without a compiler), ``builtin`` keeps ``ops.unfold``. Exported MindIR
+policies always use the MindSpore ops (:func:`scalebox_ms.models.cnn.builtin_patches`): an aot kernel's library path
+does not travel with a model file.
 """
 from __future__ import annotations
 
