@@ -5,7 +5,8 @@ configs/ppo_atari.yaml): forward seconds and forward+backward (weight gradients)
 a warm-up, both compiled with ``@ms.jit``; then the whole NatureCNN forward and forward+backward both ways.
 ``im2col, implicit broadcast`` is the formulation models/cnn.py used before: ``ops.matmul(weight, patches)``,
 MindSpore broadcasting the weight over the batch itself (its backward then also computes the patches' gradient).
-The variants run one after the other (nn.Conv2d, im2col, implicit), not interleaved. The whole-NatureCNN row
+``im2col, broadcast_to`` copies the weight over the batch with ``ops.broadcast_to`` (models/cnn.py before it used
+``ops.tile``). The variants run one after the other (nn.Conv2d, im2col, implicit, broadcast_to), not interleaved. The whole-NatureCNN row
 also times ``im2col_patch_kernel``: the first layer's patches from the C++ kernel on the uint8 frames
 (``policy.conv_kernel: custom``, ops/custom/patches.cc) instead of ``ops.unfold`` of the scaled float frames.
 
@@ -54,16 +55,30 @@ def conv_implicit_broadcast(x, weight, bias, stride: int, im2col: bool):
     return y.reshape(B, out, oh, ow)
 
 
+def conv_from_patches_broadcast_to(cols, weight, bias, H: int, W: int, stride: int):
+    """models/cnn.py's conv_from_patches as it was before ops.tile: the weight copied with ops.broadcast_to."""
+    B = cols.shape[0]
+    out, k, s = weight.shape[0], weight.shape[2], stride
+    oh, ow = (H - k) // s + 1, (W - k) // s + 1
+    w = ops.broadcast_to(weight.reshape(1, out, -1), (B, out, cols.shape[1]))
+    y = ops.bmm(w, cols) + bias.reshape(out, 1)
+    return y.reshape(B, out, oh, ow)
+
+
 def variants(run):
-    """``run()`` once per convolution path: nn.Conv2d, im2col as it is, im2col with the implicit broadcast."""
+    """``run()`` once per convolution path: nn.Conv2d, im2col as it is, im2col with the implicit broadcast, im2col
+    with the weight copied by ops.broadcast_to instead of ops.tile."""
     from scalebox_ms.models import cnn
 
     out = {"nn.Conv2d": run(False), "im2col": run(True)}
-    current, cnn.conv2d_valid = cnn.conv2d_valid, conv_implicit_broadcast  # read when a new cell is compiled
-    try:
-        out["im2col_implicit"] = run(True)
-    finally:
-        cnn.conv2d_valid = current
+    for name, attr, replacement in [("im2col_implicit", "conv2d_valid", conv_implicit_broadcast),
+                                    ("im2col_broadcast_to", "conv_from_patches", conv_from_patches_broadcast_to)]:
+        current = getattr(cnn, attr)
+        setattr(cnn, attr, replacement)  # read when a new cell is compiled
+        try:
+            out[name] = run(True)
+        finally:
+            setattr(cnn, attr, current)
     return out
 
 
@@ -113,6 +128,7 @@ def main() -> None:
         row["fwd_speedup"] = row["nn.Conv2d_fwd_s"] / row["im2col_fwd_s"]
         row["fwd_bwd_speedup"] = row["nn.Conv2d_fwd_bwd_s"] / row["im2col_fwd_bwd_s"]
         row["explicit_broadcast_fwd_bwd_speedup"] = row["im2col_implicit_fwd_bwd_s"] / row["im2col_fwd_bwd_s"]
+        row["tile_fwd_bwd_speedup"] = row["im2col_broadcast_to_fwd_bwd_s"] / row["im2col_fwd_bwd_s"]
     atomic_write_json(args.out, {"batch": B, "rows": rows, "date": time.strftime("%Y-%m-%d %H:%M"),
                                  "mindspore": ms.__version__, "cpus": os.cpu_count()})
     print(f"wrote {args.out}")

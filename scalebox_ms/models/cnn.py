@@ -74,8 +74,10 @@ def conv_from_patches(cols, weight, bias, H: int, W: int, stride: int):
     # matmul). The weight is broadcast explicitly: through ops.matmul's implicit broadcast, MindSpore 2.10's CPU
     # backward also computes the patches' gradient (and unfold's backward) where nothing needs it, e.g. for the
     # first layer, whose input is the observation (benchmarks/cnn_conv.py: forward + backward 1.2-1.6x faster
-    # per layer, 1.34x for NatureCNN).
-    w = ops.broadcast_to(weight.reshape(1, out, -1), (B, out, cols.shape[1]))
+    # per layer, 1.34x for NatureCNN). It is copied with ops.tile, not ops.broadcast_to: MindSpore 2.10's CPU
+    # BroadcastTo writes ~1.5 GB/s (24 ms for layer 2's 8.4M values at batch 256, a fifth of a PPO update on
+    # Breakout); Tile makes NatureCNN's forward + backward ~1.35x faster (docs/performance.md, CNN section).
+    w = ops.tile(weight.reshape(1, out, -1), (B, 1, 1))
     y = ops.bmm(w, cols) + bias.reshape(out, 1)
     return y.reshape(B, out, oh, ow)
 
