@@ -74,8 +74,9 @@ class PolicyConfig:
     cnn_features_dim: int = 512
     #: NatureCNN's first-layer patches on CPU: 'builtin' (ops.unfold), 'custom' (the C++ im2col kernel of
     #: scalebox_ms.ops.custom.patches: reads the uint8 frames, same values bit for bit), 'auto' (custom on CPU when
-    #: the kernel can be built, else builtin)
-    conv_kernel: str = "auto"
+    #: the kernel can be built, else builtin). builtin by default: in PPO on Breakout the kernel measured no faster
+    #: end to end (docs/performance.md, CNN section)
+    conv_kernel: str = "builtin"
 
 
 @dataclass

@@ -109,10 +109,10 @@ def ppo_image_config(steps=128, **policy):
 
 
 def test_ppo_trains_the_same_run_with_and_without_the_kernel(caplog):
-    """auto (the default) picks the kernel on CPU and says so; the run's weights equal the builtin run's (the
+    """auto picks the kernel on CPU and says so; the run's weights equal the builtin run's (the
     patches are bit for bit ops.unfold's, so every later float operation is the same)."""
     with caplog.at_level(logging.INFO, logger="scalebox_ms"):
-        fast = PPOTrainer(ppo_image_config())
+        fast = PPOTrainer(ppo_image_config(conv_kernel="auto"))
     slow = PPOTrainer(ppo_image_config(conv_kernel="builtin"))
     try:
         assert "policy.conv_kernel auto: C++ kernel" in caplog.text
@@ -157,14 +157,15 @@ def test_choice_errors_name_the_setting(tmp_path, monkeypatch):
         select_conv_kernel(policy, cnn, "CPU")
     with pytest.raises(ConfigError, match="custom cannot run with the GPU backend"):
         select_conv_kernel(policy, NatureCNN((1, 36, 36), (2, 2, 2), 4), "GPU")
-    assert select_conv_kernel(ppo_image_config().policy, NatureCNN((1, 36, 36), (2, 2, 2), 4), "GPU") == "builtin"
+    auto = ppo_image_config(conv_kernel="auto").policy
+    assert select_conv_kernel(auto, NatureCNN((1, 36, 36), (2, 2, 2), 4), "GPU") == "builtin"
     # no compiler and no cached library: custom is a one-line error, auto keeps ops.unfold
     monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "empty"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     with pytest.raises(CustomOpError, match=r"^policy\.conv_kernel: custom: .*not found"):
         select_conv_kernel(policy, NatureCNN((1, 36, 36), (2, 2, 2), 4), "CPU")
     cnn = NatureCNN((1, 36, 36), (2, 2, 2), 4)
-    assert select_conv_kernel(ppo_image_config().policy, cnn, "CPU") == "builtin" and not cnn.first.use_patches
+    assert select_conv_kernel(auto, cnn, "CPU") == "builtin" and not cnn.first.use_patches
 
 
 def test_export_uses_the_builtin_ops_and_restores_the_kernel(tmp_path):
@@ -172,7 +173,7 @@ def test_export_uses_the_builtin_ops_and_restores_the_kernel(tmp_path):
     actions); the trainer's CNNs use the kernel again afterwards, and predict still agrees."""
     from scalebox_ms.export import MindIRPolicy, export_mindir
 
-    tr = PPOTrainer(ppo_image_config(steps=64))
+    tr = PPOTrainer(ppo_image_config(steps=64, conv_kernel="custom"))
     try:
         tr.learn()
         path = str(tmp_path / "p.mindir")

@@ -21,7 +21,8 @@ was chosen and why; a WARNING when an ``auto`` choice had to fall back because t
 * ``policy.conv_kernel`` (every algorithm, image observations) -- NatureCNN's first-layer patches on CPU:
   ``builtin`` (``ops.unfold`` of the scaled frames) or ``custom`` (the C++ im2col kernel reading the uint8 frames,
   ``ops/custom/patches.cc``; the same values bit for bit). ``auto`` picks ``custom`` on CPU whenever it can be
-  built: it is exact, so there is no measured range to stay within (``benchmarks/cnn_conv.py`` times both).
+  built (it is exact); the default is ``builtin``, since in PPO on Breakout the kernel measured no faster end to
+  end (``benchmarks/cnn_conv.py`` times both).
 """
 from __future__ import annotations
 

@@ -5,9 +5,8 @@ C*k*k, OH*OW)``, the values and layout of ``ops.unfold(x.astype(float32) * scale
 (``patches.cc``; ``tests/test_patch_kernel.py`` compares them). NatureCNN's first layer reads the observation
 itself, so nothing needs a gradient through its patches: the op has no backward, and
 :class:`~scalebox_ms.models.cnn.NatureCNN` puts ``ops.stop_gradient`` on its output (the weight gradient only needs
-the patches' values). On MindSpore 2.10's CPU ``ops.unfold`` of the first layer's 26M values per minibatch of 256
-Atari frame stacks is about a fifth of a PPO update (docs/performance.md, CNN section); this kernel writes them in
-one pass, the uint8 -> float32 cast and the 1/255 scaling included.
+the patches' values). It writes the first layer's 26M patch values per minibatch of 256 Atari frame stacks in one
+pass, the uint8 -> float32 cast and the 1/255 scaling included (what it gains: docs/performance.md, CNN section).
 
 Selected by ``policy.conv_kernel`` (:func:`scalebox_ms.trainers.kernels.select_conv_kernel`): ``auto`` uses it on
 CPU when it can be built, ``custom`` insists (a one-line :class:`~scalebox_ms.errors.ConfigError` off CPU, a
