@@ -46,7 +46,7 @@ def test_kernel_errors_are_one_line():
     kernel = ImagePatchesKernel(8, 4, 1.0)
     with pytest.raises(CustomOpError) as err:  # int32 frames reach the kernel: its dtype check
         kernel(ms.Tensor(np.zeros((1, 1, 12, 12), np.int32)))
-    assert str(err.value).startswith("custom op 'image_patches': an input has the wrong dtype")
+    assert str(err.value).startswith("custom op 'image_patches': the frames must be uint8 or float32")
     assert str(err.value).endswith("(kernel return code 4)") and "\n" not in str(err.value)
     with pytest.raises(CustomOpError, match="kernel size and stride must be >= 1"):
         ImagePatchesKernel(0, 4)
@@ -108,6 +108,20 @@ def ppo_image_config(steps=128, **policy):
     })
 
 
+def zero_patches(model):
+    """Make every patch kernel of ``model`` write zeros (scale 0), before its graphs compile: a first layer that then
+    still learns did not get its patches from the kernel."""
+    cnns = patch_kernel_cnns(model)
+    for cnn in cnns:
+        cnn.first.patches.scale = ms.Tensor(np.zeros(1, np.float32))
+    return [cnn.first.weight.asnumpy().copy() for cnn in cnns]
+
+
+def assert_first_layers(model, before, learned):
+    for cnn, w in zip(patch_kernel_cnns(model), before):
+        assert (not np.array_equal(cnn.first.weight.asnumpy(), w)) == learned
+
+
 def test_ppo_trains_the_same_run_with_and_without_the_kernel(caplog):
     """auto picks the kernel on CPU and says so; the run's weights equal the builtin run's (the
     patches are bit for bit ops.unfold's, so every later float operation is the same)."""
@@ -126,9 +140,21 @@ def test_ppo_trains_the_same_run_with_and_without_the_kernel(caplog):
     finally:
         fast.close()
         slow.close()
+    # the training graphs read the kernel's patches: with zeros from it the first layer gets no gradient
+    blind = PPOTrainer(ppo_image_config(conv_kernel="custom"))
+    try:
+        before = zero_patches(blind.model)
+        blind.learn()
+        assert_first_layers(blind.model, before, learned=False)
+        assert blind.parameters_sha256() != slow.parameters_sha256()  # (the later layers did learn)
+    finally:
+        blind.close()
 
 
-def test_dqn_sets_the_kernel_on_its_q_and_target_networks():
+@pytest.mark.parametrize("blind", [False, True])
+def test_dqn_sets_the_kernel_on_its_q_and_target_networks(blind):
+    """The Q-network's training graph reads the kernel's patches: its first layer learns, unless the kernel writes
+    zeros."""
     cfg = Config.from_dict({
         "algo": "dqn", "env": {"id": "BrightSide-v0", "num_envs": 1},
         "policy": {"vf_layers": [], "cnn_channels": [8, 16, 16], "cnn_features_dim": 64, "conv_kernel": "custom"},
@@ -139,8 +165,11 @@ def test_dqn_sets_the_kernel_on_its_q_and_target_networks():
     try:
         cnns = patch_kernel_cnns(tr.learner)
         assert len(cnns) == 2 and all(c.first.use_patches for c in cnns)  # the Q-network's and its target's
+        before = zero_patches(tr.learner.q) if blind else [c.first.weight.asnumpy().copy()
+                                                          for c in patch_kernel_cnns(tr.learner.q)]
         tr.learn()
         assert tr.global_step == 200
+        assert_first_layers(tr.learner.q, before, learned=not blind)
     finally:
         tr.close()
 
@@ -188,3 +217,46 @@ def test_export_uses_the_builtin_ops_and_restores_the_kernel(tmp_path):
         assert all(c.first.use_patches for c in patch_kernel_cnns(tr.model))
     finally:
         tr.close()
+
+
+def test_export_cli_of_a_kernel_run_needs_no_compiler(tmp_path, monkeypatch, capsys):
+    """A run trained with conv_kernel: custom exports where no compiler and no built library exist: the export
+    builds its trainer with the builtin patches (the file uses them anyway)."""
+    from scalebox_ms.export import main as export_main
+    from scalebox_ms.trainers.run import train_run
+
+    run_dir = tmp_path / "run"
+    train_run(ppo_image_config(steps=64, conv_kernel="custom"), run_dir=str(run_dir))
+    monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    assert export_main(["--run", str(run_dir)]) == 0, capsys.readouterr().err
+    assert (run_dir / "policy.mindir").stat().st_size > 0
+
+
+def test_a_kernel_error_is_raised_by_the_call_without_host_blocking_runs(tmp_path):
+    """Without MS_DEV_HOST_BLOCKING_RUN (a user who never imports the Sandbox) MindSpore queues kernels; the call
+    still raises the kernel's one-line CustomOpError itself, not a RuntimeError at some later read."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os; os.environ.pop('MS_DEV_HOST_BLOCKING_RUN', None)\n"
+        "import mindspore as ms, numpy as np\n"
+        "from scalebox_ms.ops.custom.patches import ImagePatchesKernel\n"
+        "from scalebox_ms.errors import CustomOpError\n"
+        "assert 'MS_DEV_HOST_BLOCKING_RUN' not in os.environ\n"
+        "try:\n"
+        "    ImagePatchesKernel(8, 4)(ms.Tensor(np.zeros((1, 1, 12, 12), np.int32)))\n"
+        "except CustomOpError as e:\n"
+        "    print('CAUGHT', e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "CAUGHT custom op 'image_patches': the frames must be uint8 or float32" in r.stdout, r.stdout
+
+
+def test_frames_smaller_than_the_kernel_are_a_one_line_error():
+    with pytest.raises(CustomOpError, match=r"frames of 6x12 pixels are smaller than the 8x8 kernel"):
+        ImagePatchesKernel(8, 4)(ms.Tensor(np.zeros((1, 1, 6, 12), np.uint8)))
+    with pytest.raises(CustomOpError, match=r"must be \(B, C, H, W\), got shape \(12, 12\)"):
+        ImagePatchesKernel(8, 4)(ms.Tensor(np.zeros((12, 12), np.uint8)))

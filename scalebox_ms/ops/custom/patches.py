@@ -47,7 +47,12 @@ class ImagePatchesKernel(nn.Cell):
         self.scale = Tensor(np.asarray([scale], np.float32))
 
         def out_shape(x, *rest):
+            if len(x) != 4:
+                raise CustomOpError(f"custom op {KERNEL!r}: the frames must be (B, C, H, W), got shape {tuple(x)}")
             b, c, h, w = x
+            if 0 <= h < k or 0 <= w < k:  # (-1: a dynamic size, known only at run time; the kernel checks it)
+                raise CustomOpError(f"custom op {KERNEL!r}: frames of {h}x{w} pixels are smaller than the "
+                                    f"{k}x{k} kernel")
             return (b, c * k * k, ((h - k) // s + 1) * ((w - k) // s + 1))
 
         self.op = ops.Custom(func_spec(KERNEL), out_shape=out_shape, out_dtype=lambda *dtypes: ms.float32,
@@ -59,5 +64,13 @@ class ImagePatchesKernel(nn.Cell):
     def __call__(self, x):
         # a direct call: the kernel's return code as a CustomOpError (inside another graph that graph's call raises
         # MindSpore's RuntimeError; status.custom_op_errors translates it)
-        with custom_op_errors():
+        with custom_op_errors(self.detail):
             return super().__call__(x)
+
+    @staticmethod
+    def detail(code):
+        """This kernel's meaning of the shared return codes (status.h; the table there is worded for the MLPs)."""
+        return {3: "the kernel takes the frames, meta and scale and writes one output",
+                4: "the frames must be uint8 or float32 (meta int32, scale float32, the output float32)",
+                5: "the frames must be (B, C, H, W) with H and W at least the kernel size, the output "
+                   "(B, C*k*k, OH*OW)"}.get(code)

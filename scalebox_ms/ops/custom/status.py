@@ -60,12 +60,25 @@ def kernel_error(exc: BaseException, detail=None):
     return CustomOpError(f"custom op {SYMBOLS[symbol]!r}: {what} (kernel return code {code})")
 
 
+def _sync():
+    """Wait for the kernels MindSpore has queued (``ms.runtime.synchronize`` is for Ascend/GPU only; on CPU the
+    PyNative executor's ``sync`` is what ``mindspore.train.Model`` itself calls after each step)."""
+    try:
+        from mindspore.graph.api import _pynative_executor
+    except ImportError:  # a MindSpore without it: host-blocking runs (the Sandbox's default) make calls synchronous
+        return
+    _pynative_executor.sync()
+
+
 @contextlib.contextmanager
 def custom_op_errors(detail=None):
     """Re-raise MindSpore's RuntimeError about a kernel's return code as the CustomOpError of :func:`kernel_error`;
-    other exceptions pass unchanged."""
+    other exceptions pass unchanged. The block's work is synchronized before it ends: without
+    ``MS_DEV_HOST_BLOCKING_RUN=1`` (which :mod:`scalebox_ms.sandbox` sets on import) MindSpore runs kernels
+    asynchronously and would raise the error later, at whichever call first reads the result."""
     try:
         yield
+        _sync()
     except RuntimeError as exc:
         err = kernel_error(exc, detail)
         if err is None:
