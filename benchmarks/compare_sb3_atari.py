@@ -64,21 +64,44 @@ def worker_scalebox(env_id: str, seed: int, steps: int) -> dict:
             "curve": curve}
 
 
-def worker_sb3(env_id: str, seed: int, steps: int) -> dict:
-    import numpy as np
+def sb3_atari_ppo(env_id: str, seed: int, env_kwargs: dict = None):
+    """SB3's PPO CnnPolicy at ``configs/ppo_atari.yaml``'s settings on ``AtariWrapper`` + ``VecFrameStack(4)``
+    training envs; returns the model (its env is ``model.get_env()``)."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.vec_env import VecFrameStack
 
     import ale_py  # noqa: F401  (registers the ALE ids)
-    from sb3_ppo import sb3_episode_curve
 
     def linear(v):
         return lambda progress_remaining: progress_remaining * v
 
-    env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=seed, env_kwargs={"frameskip": 1}), n_stack=4)
-    model = PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=linear(2.5e-4),
-                clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, seed=seed, device="cpu", verbose=0)
+    env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=seed, env_kwargs={"frameskip": 1, **(env_kwargs or {})}),
+                        n_stack=4)
+    return PPO("CnnPolicy", env, n_steps=128, n_epochs=4, batch_size=256, learning_rate=linear(2.5e-4),
+               clip_range=linear(0.1), vf_coef=0.5, ent_coef=0.01, seed=seed, device="cpu", verbose=0)
+
+
+def sb3_atari_eval_env(env_id: str, seed: int, n_envs: int, env_kwargs: dict = None):
+    """Evaluation envs as scalebox_ms evaluates Atari (``envs/atari.py``): whole games (no end of episode at a lost
+    life), unclipped rewards, FIRE after reset, 4 stacked frames."""
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    import ale_py  # noqa: F401
+
+    return VecFrameStack(make_atari_env(env_id, n_envs=n_envs, seed=seed,
+                                        env_kwargs={"frameskip": 1, **(env_kwargs or {})},
+                                        wrapper_kwargs={"terminal_on_life_loss": False, "clip_reward": False}),
+                         n_stack=4)
+
+
+def worker_sb3(env_id: str, seed: int, steps: int) -> dict:
+    import numpy as np
+
+    from sb3_ppo import sb3_episode_curve
+
+    model = sb3_atari_ppo(env_id, seed)
     curve, t1 = [], time.perf_counter()
     model.learn(total_timesteps=steps, callback=sb3_episode_curve(curve, t1))
     train_s = time.perf_counter() - t1
