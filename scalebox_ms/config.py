@@ -77,6 +77,10 @@ class PolicyConfig:
     #: the kernel can be built, else builtin). builtin by default: in PPO on Breakout the kernel measured no faster
     #: end to end (docs/performance.md, CNN section)
     conv_kernel: str = "builtin"
+    #: NatureCNN's convolutions on CPU: 'im2col' (MindSpore ops: unfold + one batched matmul per layer), 'onednn'
+    #: (oneDNN's own forward and backward convolution primitives, from the library inside MindSpore's CPU wheel,
+    #: as aot ops: scalebox_ms.ops.custom.onednn_conv), 'auto' (onednn on CPU when it can be built, else im2col)
+    conv_backend: str = "auto"
 
 
 @dataclass

@@ -24,6 +24,7 @@ _CHOICES = {
     ("policy", "layer"): ("dense", "fused"),
     ("policy", "act_kernel"): ("builtin", "custom", "auto"),
     ("policy", "conv_kernel"): ("builtin", "custom", "auto"),
+    ("policy", "conv_backend"): ("im2col", "onednn", "auto"),
     ("ppo", "update_kernel"): ("builtin", "custom", "auto"),
     ("policy", "features"): ("auto", "mlp", "nature_cnn"),
     ("env", "preprocess"): ("auto", "atari", "none"),

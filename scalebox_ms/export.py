@@ -308,9 +308,10 @@ def main(argv=None) -> int:
         cfg = load_config(os.path.join(args.run, "config.yaml"))
         if cfg.algo != "ppo":  # (no optimizer step runs here: do not build the off-policy optimizer kernels)
             cfg.algo_config.optimizer_kernel = "builtin"
-        # the exported graph uses MindSpore's patches anyway (models.cnn.builtin_patches): a run trained with the
-        # C++ patches kernel exports on a machine without a compiler too
+        # the exported graph uses MindSpore's convolution ops anyway (models.cnn.builtin_patches): a run trained with
+        # the C++ patches kernel or the oneDNN op exports on a machine without a compiler too
         cfg.policy.conv_kernel = "builtin"
+        cfg.policy.conv_backend = "im2col"
         trainer = make_trainer(cfg)
         ckpt = load_into(trainer, args.checkpoint, args.run)  # (the latest, also while a train still writes the run)
         sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=args.calibrate_steps,

@@ -102,7 +102,8 @@ def test_nature_cnn_with_the_kernel_gives_the_builtin_outputs_and_gradients():
 def ppo_image_config(steps=128, **policy):
     return Config.from_dict({
         "env": {"id": "BrightSide-v0", "num_envs": 4},
-        "policy": {"pi_layers": [], "vf_layers": [], "cnn_channels": [8, 16, 16], "cnn_features_dim": 64, **policy},
+        "policy": {"pi_layers": [], "vf_layers": [], "cnn_channels": [8, 16, 16], "cnn_features_dim": 64,
+                   "conv_backend": "im2col", **policy},  # (the patches kernel belongs to the im2col backend)
         "ppo": {"n_steps": 32, "batch_size": 64, "n_epochs": 2, "learning_rate": 1e-3},
         "run": {"seed": 0, "total_steps": steps, "progress": False},
     })
@@ -157,7 +158,8 @@ def test_dqn_sets_the_kernel_on_its_q_and_target_networks(blind):
     zeros."""
     cfg = Config.from_dict({
         "algo": "dqn", "env": {"id": "BrightSide-v0", "num_envs": 1},
-        "policy": {"vf_layers": [], "cnn_channels": [8, 16, 16], "cnn_features_dim": 64, "conv_kernel": "custom"},
+        "policy": {"vf_layers": [], "cnn_channels": [8, 16, 16], "cnn_features_dim": 64, "conv_kernel": "custom",
+                   "conv_backend": "im2col"},
         "dqn": {"buffer_size": 500, "learning_starts": 50, "batch_size": 16, "train_freq": 4, "gradient_steps": 1},
         "run": {"seed": 0, "total_steps": 200, "progress": False},
     })

@@ -12,7 +12,9 @@ Tests check both against ``nn.Conv2d``. On the im2col path the first layer's pat
 instead (:meth:`NatureCNN.set_patch_kernel`, ``policy.conv_kernel``; :mod:`scalebox_ms.ops.custom.patches`): it
 reads the uint8 frames, casts, scales by 1/255 and unfolds them in one pass, with ``ops.unfold``'s values bit for
 bit; it has no backward (nothing needs the observation's gradient), so its output goes through
-``ops.stop_gradient``. :func:`builtin_patches` switches back to the MindSpore ops for a MindIR export.
+``ops.stop_gradient``. Or all three convolutions run on oneDNN's own forward and backward primitives
+(:meth:`NatureCNN.set_onednn`, ``policy.conv_backend``; :mod:`scalebox_ms.ops.custom.onednn_conv`), the default on CPU.
+:func:`builtin_patches` switches back to the MindSpore ops for a MindIR export.
 
 :class:`CombinedFeatures` is SB3's ``CombinedExtractor`` for Dict/Tuple observations with images inside: one
 NatureCNN per image leaf on its unpacked frame (:func:`unpack_pixels`), the other columns passed through, all
@@ -47,8 +49,12 @@ class Conv(nn.Cell):
 
         self.patches = None  # an ImagePatchesKernel (first layer only, set_patch_kernel): computes the patches
         self.use_patches = False
+        self.onednn = None  # a OneDNNConv (NatureCNN.set_onednn): the whole convolution and its gradients
+        self.use_onednn = False
 
     def construct(self, x):
+        if self.use_onednn:
+            return self.onednn(x, self.weight, self.bias)
         if self.use_patches:  # x: the raw observation; the kernel casts, scales and unfolds it (no gradient)
             return conv_from_patches(ops.stop_gradient(self.patches(x)), self.weight, self.bias, x.shape[2],
                                      x.shape[3], self.stride)
@@ -89,17 +95,22 @@ def patch_kernel_cnns(model) -> list:
 
 @contextlib.contextmanager
 def builtin_patches(model):
-    """Within the block every NatureCNN of ``model`` computes its patches with MindSpore's ops (``ops.unfold``):
-    for graphs compiled there, e.g. a MindIR export (an aot kernel's library path does not travel with the file).
+    """Within the block every NatureCNN of ``model`` computes its convolutions with MindSpore's ops (``ops.unfold``,
+    no patches kernel, no oneDNN op): for graphs compiled there, e.g. a MindIR export (an aot kernel's library path
+    does not travel with the file).
     Graphs compiled before keep their own choice; the kernels are set back afterwards."""
-    saved = [(cnn, cnn.first.patches) for cnn in patch_kernel_cnns(model)]
+    saved = [(cnn, cnn.first.patches, cnn.first.use_onednn) for cnn in patch_kernel_cnns(model)]
     try:
-        for cnn, _ in saved:
+        for cnn, _, onednn in saved:
+            if onednn:
+                cnn.set_onednn(False)
             cnn.set_patch_kernel(None)
         yield model
     finally:
-        for cnn, kernel in saved:
+        for cnn, kernel, onednn in saved:
             cnn.set_patch_kernel(kernel)
+            if onednn:
+                cnn.set_onednn(True)
 
 
 def conv_output_hw(h: int, w: int):
@@ -158,12 +169,29 @@ class NatureCNN(nn.Cell):
         first.patches, first.use_patches = kernel, kernel is not None
         self.raw_input = kernel is not None
 
+    def set_onednn(self, enabled: bool) -> None:
+        """Run the three convolutions as :class:`~scalebox_ms.ops.custom.onednn_conv.OneDNNConv` (oneDNN's own
+        forward and backward primitives, CPU; ``policy.conv_backend``), or as before (False). The first layer's
+        input is the observation: its input gradient is not computed. Replaces a patches kernel. Before the model
+        is compiled: a compiled graph keeps its choice."""
+        from ..ops.custom.onednn_conv import OneDNNConv
+
+        if enabled:
+            self.set_patch_kernel(None)
+        for i, cell in enumerate(self.layers()):
+            cell.onednn = OneDNNConv(cell.kernel, cell.stride, input_grad=i > 0) if enabled else None
+            cell.use_onednn = bool(enabled)
+
+    def layers(self) -> list:
+        """The three :class:`Conv` cells, in order."""
+        return [m for m in self.conv.cells() if isinstance(m, Conv)]
+
     def activation_sizes(self, image_shape=None) -> list:
         """Floats per image of each layer's im2col patches, broadcast weight (CPU path) and outputs (for memory
         estimates)."""
         c, h, w = image_shape or self.image_shape
         sizes, in_c = [], c
-        for (k, s), cell in zip(KERNELS, [m for m in self.conv.cells() if isinstance(m, Conv)]):
+        for (k, s), cell in zip(KERNELS, self.layers()):
             h, w = (h - k) // s + 1, (w - k) // s + 1
             patches = in_c * k * k
             sizes.append(patches * h * w)
@@ -177,7 +205,7 @@ class NatureCNN(nn.Cell):
         """Multiply-adds per image (convolutions and the Dense layer)."""
         c, h, w = image_shape or self.image_shape
         total, in_c = 0, c
-        for (k, s), cell in zip(KERNELS, [m for m in self.conv.cells() if isinstance(m, Conv)]):
+        for (k, s), cell in zip(KERNELS, self.layers()):
             h, w = (h - k) // s + 1, (w - k) // s + 1
             total += h * w * cell.out_channels * in_c * k * k
             in_c = cell.out_channels

@@ -1,7 +1,7 @@
-"""Kernel selection: which implementation runs the acting call, the PPO update, the off-policy optimizer step and
-the CNN's first-layer patches.
+"""Kernel selection: which implementation runs the acting call, the PPO update, the off-policy optimizer step, the
+CNN's convolutions and its first-layer patches.
 
-Four choices, one rule each, all logged the same way (logger ``scalebox_ms``, one INFO line saying which path
+Five choices, one rule each, all logged the same way (logger ``scalebox_ms``, one INFO line saying which path
 was chosen and why; a WARNING when an ``auto`` choice had to fall back because the kernel could not be built):
 
 * ``policy.act_kernel`` -- the acting call: ``builtin`` (MindSpore ops in the compiled :class:`ActStep`) or
@@ -23,6 +23,12 @@ was chosen and why; a WARNING when an ``auto`` choice had to fall back because t
   ``ops/custom/patches.cc``; the same values bit for bit). ``auto`` picks ``custom`` on CPU whenever it can be
   built (it is exact); the default is ``builtin``, since in PPO on Breakout the kernel measured no faster end to
   end (``benchmarks/cnn_conv.py`` times both).
+* ``policy.conv_backend`` (every algorithm, image observations) -- NatureCNN's convolutions on CPU: ``im2col``
+  (MindSpore's ops: unfold + one batched matmul, with the patches per ``policy.conv_kernel``) or ``onednn`` (oneDNN's
+  own forward and backward convolution primitives, from the library inside MindSpore's CPU wheel,
+  ``ops/custom/onednn_conv.cc``; float sums in another order than im2col's, so not the same bits). ``auto`` picks
+  ``onednn`` on CPU whenever it can be built. It replaces the patches kernel: ``conv_kernel: custom`` with
+  ``onednn`` is an error.
 """
 from __future__ import annotations
 
@@ -185,6 +191,57 @@ def select_update_kernel(config, model, optimizer, amp, world_size: int, device:
     return kernel
 
 
+def select_conv_backend(policy_cfg, model, device: str) -> str:
+    """Per ``policy.conv_backend``, run every NatureCNN in ``model`` (policy, value function, targets) on oneDNN's
+    convolution primitives (:class:`~scalebox_ms.ops.custom.onednn_conv.OneDNNConv`), set before the model's graphs
+    compile; returns 'onednn' or 'im2col'. ``onednn`` that cannot run raises (ConfigError / CustomOpError); ``auto``
+    then keeps im2col. The choice is logged (nothing for models without a CNN under ``auto``/``im2col``)."""
+    from ..config import checked_section
+    from ..models.cnn import patch_kernel_cnns
+
+    checked = checked_section("policy", conv_backend=policy_cfg.conv_backend, conv_kernel=policy_cfg.conv_kernel)
+    choice = checked.conv_backend
+    cnns = patch_kernel_cnns(model)
+    if not cnns:
+        if choice == "onednn":
+            raise ConfigError("policy.conv_backend: onednn applies to the NatureCNN of image observations; this model "
+                              "has none (use auto or im2col)")
+        return "im2col"
+    if choice == "im2col":
+        _report("policy.conv_backend", choice, "im2col", "as configured")
+        return "im2col"
+    blocker = None
+    if device != "CPU":
+        blocker = f"the {device} backend (the op is CPU code; convolutions there run ops.conv2d)"
+    elif not all(cnn.first.im2col for cnn in cnns):
+        blocker = "a NatureCNN built for ops.conv2d (im2col=False)"
+    elif checked.conv_kernel == "custom":
+        blocker = "policy.conv_kernel: custom (the first layer's patches kernel belongs to the im2col backend)"
+    if blocker is not None:
+        if choice == "onednn":
+            raise ConfigError(f"policy.conv_backend: onednn cannot run with {blocker}; use im2col or auto")
+        _report("policy.conv_backend", choice, "im2col", blocker)
+        return "im2col"
+    from ..ops.custom import kernel_available
+    from ..ops.custom.onednn_conv import KERNEL
+
+    if choice == "auto" and not kernel_available(KERNEL):
+        _report("policy.conv_backend", choice, "im2col", "no C++ compiler and no cached kernel")
+        return "im2col"
+    try:
+        for cnn in cnns:
+            cnn.set_onednn(True)
+    except CustomOpError as exc:
+        for cnn in cnns:
+            cnn.set_onednn(False)
+        if choice == "onednn":
+            raise CustomOpError(f"policy.conv_backend: onednn: {exc}") from None
+        _report("policy.conv_backend", choice, "im2col", f"the oneDNN op cannot be built: {exc}", fallback=True)
+        return "im2col"
+    _report("policy.conv_backend", choice, "oneDNN", "CPU" if choice == "auto" else "as configured")
+    return "onednn"
+
+
 def select_conv_kernel(policy_cfg, model, device: str) -> str:
     """Per ``policy.conv_kernel``, compute the first-layer patches of every NatureCNN in ``model`` (policy, value
     function, targets) with the C++ kernel (:class:`~scalebox_ms.ops.custom.patches.ImagePatchesKernel`), set before
@@ -205,7 +262,9 @@ def select_conv_kernel(policy_cfg, model, device: str) -> str:
         _report("policy.conv_kernel", choice, "ops.unfold", "as configured")
         return "builtin"
     blocker = None
-    if device != "CPU":
+    if cnns[0].first.use_onednn:
+        blocker = "policy.conv_backend onednn (it computes whole convolutions; no patches)"
+    elif device != "CPU":
         blocker = f"the {device} backend (the kernel is CPU code; convolutions there run ops.conv2d)"
     elif not all(cnn.first.im2col for cnn in cnns):
         blocker = "a NatureCNN built without the im2col path (im2col=False)"

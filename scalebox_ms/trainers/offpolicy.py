@@ -39,7 +39,7 @@ from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
 from . import checkpoint
 from .core import Callback, Trainer
-from .kernels import select_conv_kernel, select_optimizer_kernel
+from .kernels import select_conv_backend, select_conv_kernel, select_optimizer_kernel
 from .offpolicy_graph import NONFINITE_LIMIT, DeployActor, NativeCycle, PolicyCall, TrainingPhase
 
 
@@ -107,6 +107,7 @@ class OffPolicyTrainer(Trainer):
         self.model = self.learner
         device = getattr(self.sandbox, "device", "CPU")
         self.optimizer_kernel = select_optimizer_kernel(cfg, self.learner, self.amp, device)
+        self.conv_backend = select_conv_backend(cfg.policy, self.learner, device)  # images: the convolutions
         self.conv_kernel = select_conv_kernel(cfg.policy, self.learner, device)  # images: first-layer patches
         self.replay = ReplayBuffer(o.buffer_size, fields, spare_row=True)
         normalize = c.obs_normalizer is not None

@@ -61,7 +61,8 @@ class PPOTrainer(Trainer):
         from ..amp import AutoMixedPrecision, check_backend
         from ..models import DeterministicStep, ValueStep, build_model
         from ..parallel import init_distributed
-        from .kernels import build_act_steps, direct_acting, select_conv_kernel, select_update_kernel
+        from .kernels import (build_act_steps, direct_acting, select_conv_backend, select_conv_kernel,
+                              select_update_kernel)
         from .memory import check_fits, rollout_bytes
         from .ppo_update import PPOUpdateStep
         from .state import ParameterValues, named_state
@@ -103,6 +104,7 @@ class PPOTrainer(Trainer):
         self.model = build_model(self.spec, config.policy)
         if self.amp is not None:
             self.amp.apply(self.model)
+        self.conv_backend = select_conv_backend(config.policy, self.model, device)  # images: the convolutions
         self.conv_kernel = select_conv_kernel(config.policy, self.model, device)  # images: first-layer patches
         # acting: MindSpore ops, or the C++ fused-MLP kernel per policy.act_kernel (trainers.kernels)
         self.act_step, self._act_packed = build_act_steps(self.model, config.policy, n_local)

@@ -32,6 +32,9 @@ KERNELS: dict[str, tuple[str, str]] = {
 }
 #: kernel name -> the config setting that selects it (named in errors that suggest the builtin implementation)
 SETTINGS: dict[str, str] = {"fused_actor_mlp": "policy.act_kernel"}
+#: kernel name -> a function returning the extra compiler arguments it links with (e.g. a library's path); they are
+#: part of the cache key, and the function raises CustomOpError when the library is missing
+LINK_ARGS: dict = {}
 CXX_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC")
 CACHE_ENV = "SCALEBOX_MS_CUSTOM_OPS_CACHE"
 
@@ -90,7 +93,8 @@ def library_path(name: str, build: bool = True) -> str:
         with open(header, "rb") as f:
             source += b"\0" + os.path.basename(header).encode() + b"\0" + f.read()
     cmd = compiler_command()
-    key = hashlib.sha256(b"\0".join([source, " ".join(cmd).encode(), " ".join(CXX_FLAGS).encode(),
+    link = list(LINK_ARGS[name]()) if name in LINK_ARGS else []
+    key = hashlib.sha256(b"\0".join([source, " ".join(cmd).encode(), " ".join(CXX_FLAGS + tuple(link)).encode(),
                                      _cpu_identity().encode()])).hexdigest()[:20]
     directory = cache_dir()
     so = os.path.join(directory, f"{name}-{key}.so")
@@ -113,7 +117,7 @@ def library_path(name: str, build: bool = True) -> str:
         raise CustomOpError(f"custom op {name!r}: cannot write the cache directory {directory} ({exc.strerror}); "
                             f"set {CACHE_ENV}") from None
     try:
-        proc = subprocess.run([exe, *cmd[1:], *CXX_FLAGS, "-o", tmp, src], capture_output=True, text=True,
+        proc = subprocess.run([exe, *cmd[1:], *CXX_FLAGS, "-o", tmp, src, *link], capture_output=True, text=True,
                               timeout=600, check=False)
         if proc.returncode != 0:
             lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if "error" in ln] or \

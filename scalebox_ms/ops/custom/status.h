@@ -19,6 +19,7 @@ enum Status : int {
   kErrAction = 9,       // a discrete action outside the action space (nothing written)
   kErrNoMemory = 10,    // std::bad_alloc
   kErrException = 11,   // any other C++ exception
+  kErrLibrary = 12,     // a library the kernel calls (oneDNN) refused the work
 };
 
 template <class F>

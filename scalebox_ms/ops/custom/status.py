@@ -27,12 +27,16 @@ MESSAGES = {
     9: "a discrete action is outside the action space",
     10: "out of memory",
     11: "a C++ exception inside the kernel",
+    12: "oneDNN (the library inside MindSpore's CPU wheel) refused the convolution",
 }
 #: the codes whose call wrote nothing (checked before any write); other failures may have left a partial update
 NOTHING_WRITTEN = frozenset(range(1, 10))
 #: exported symbol -> kernel name (both entry points of ppo_update.cc and of offpolicy_optim.cc; patches.cc's)
 SYMBOLS = {"FusedActorMLP": "fused_actor_mlp", "PPOUpdate": "ppo_update", "PPOUpdateEpochs": "ppo_update",
-           "GuardedAdam": "offpolicy_optim", "PolyakUpdate": "offpolicy_optim", "ImagePatches": "image_patches"}
+           "GuardedAdam": "offpolicy_optim", "PolyakUpdate": "offpolicy_optim", "ImagePatches": "image_patches",
+           "OneDNNConvForward": "onednn_conv", "OneDNNConvForwardNoInputGrad": "onednn_conv",
+           "OneDNNConvBackwardData": "onednn_conv",
+           "OneDNNConvBackwardWeights": "onednn_conv"}
 
 _RETURN_VALUE = re.compile(r"AOT kernel\((?P<lib>[^)]*)\)'s function\((?P<symbol>\w+)\) is (?P<code>-?\d+)")
 

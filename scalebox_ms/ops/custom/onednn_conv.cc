@@ -1,0 +1,474 @@
+// Valid (unpadded), strided 2-D convolutions through oneDNN, the library MindSpore's CPU wheel ships
+// (mindspore/lib/libdnnl.so.3), for MindSpore ops.Custom(func_type="aot") on CPU.
+//
+// Why: MindSpore 2.10's CPU Conv2D kernel hands oneDNN fixed NCHW/OIHW layouts, for which oneDNN falls back to its
+// reference convolution ("jit_uni_ncsp:conv+ref:any" under ONEDNN_VERBOSE=1, ~0.6 GFLOP/s for NatureCNN's first
+// layer). Here oneDNN picks its own layouts (format "any") and so its JIT kernels (avx2 / avx512_core / brgconv);
+// the tensors MindSpore hands over stay plain NCHW / OIHW and are reordered in and out.
+//
+// Nothing is derived by hand: the three entry points are oneDNN's own primitives, the convolution's forward pass
+// and its two backward passes (data and weights), which the Python side (onednn_conv.py) registers as the op's
+// bprop, the way MindSpore registers Conv2DBackpropInput / Conv2DBackpropFilter for Conv2D.
+//
+//   OneDNNConvForward         inputs x (N, C, H, W), w (O, C, k, k), b (O,), meta (2,) int32 = [k, s]
+//                             output y (N, O, OH, OW), OH = (H - k) / s + 1, OW = (W - k) / s + 1
+//                             (also as OneDNNConvForwardNoInputGrad: the op whose bprop skips the input gradient)
+//   OneDNNConvBackwardData    inputs dy (N, O, OH, OW), w (O, C, k, k), x (N, C, H, W) (its shape only), meta
+//                             output dx (N, C, H, W)
+//   OneDNNConvBackwardWeights inputs x (N, C, H, W), dy (N, O, OH, OW), w (its shape only), meta
+//                             outputs dw (O, C, k, k), db (O,)
+//
+// All float32. Primitives are created once per shape and kept (a mutex guards the cache and each entry's
+// buffers). oneDNN runs on kernel_threads() threads (threads.h, read when the first call creates the stream)
+// through its threadpool interface, which this build of oneDNN uses (DNNL_CPU_RUNTIME=THREADPOOL). Returns a
+// Status (status.h): kErrLibrary when oneDNN refuses a primitive; no exception leaves the kernel.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "status.h"  // return codes, guarded
+
+// ---- the part of oneDNN's C API (v3, include/oneapi/dnnl/dnnl.h) used here, declared from its documentation ----
+extern "C" {
+typedef int dnnl_status_t;  // dnnl_success = 0
+typedef int64_t dnnl_dim_t;
+typedef dnnl_dim_t dnnl_dims_t[12];  // DNNL_MAX_NDIMS
+typedef struct dnnl_engine *dnnl_engine_t;
+typedef struct dnnl_stream *dnnl_stream_t;
+typedef struct dnnl_memory_desc *dnnl_memory_desc_t;
+typedef const struct dnnl_memory_desc *const_dnnl_memory_desc_t;
+typedef struct dnnl_memory *dnnl_memory_t;
+typedef struct dnnl_primitive_desc *dnnl_primitive_desc_t;
+typedef const struct dnnl_primitive_desc *const_dnnl_primitive_desc_t;
+typedef struct dnnl_primitive *dnnl_primitive_t;
+typedef const struct dnnl_primitive *const_dnnl_primitive_t;
+typedef const struct dnnl_primitive_attr *const_dnnl_primitive_attr_t;
+typedef struct {
+  int arg;
+  dnnl_memory_t memory;
+} dnnl_exec_arg_t;
+
+dnnl_status_t dnnl_engine_create(dnnl_engine_t *engine, int kind, size_t index);
+dnnl_status_t dnnl_threadpool_interop_stream_create(dnnl_stream_t *stream, dnnl_engine_t engine, void *threadpool);
+dnnl_status_t dnnl_stream_wait(dnnl_stream_t stream);
+dnnl_status_t dnnl_memory_desc_create_with_strides(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims,
+                                                   int data_type, const dnnl_dims_t strides);
+dnnl_status_t dnnl_memory_desc_create_with_tag(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims,
+                                               int data_type, int tag);
+dnnl_status_t dnnl_memory_desc_destroy(dnnl_memory_desc_t md);
+int dnnl_memory_desc_equal(const_dnnl_memory_desc_t lhs, const_dnnl_memory_desc_t rhs);
+dnnl_status_t dnnl_memory_create(dnnl_memory_t *memory, const_dnnl_memory_desc_t md, dnnl_engine_t engine,
+                                 void *handle);
+dnnl_status_t dnnl_memory_set_data_handle(dnnl_memory_t memory, void *handle);
+dnnl_status_t dnnl_memory_destroy(dnnl_memory_t memory);
+const_dnnl_memory_desc_t dnnl_primitive_desc_query_md(const_dnnl_primitive_desc_t pd, int what, int index);
+dnnl_status_t dnnl_primitive_desc_query(const_dnnl_primitive_desc_t pd, int what, int index, void *result);
+dnnl_status_t dnnl_primitive_desc_destroy(dnnl_primitive_desc_t pd);
+dnnl_status_t dnnl_primitive_create(dnnl_primitive_t *primitive, const_dnnl_primitive_desc_t pd);
+dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t primitive, dnnl_stream_t stream, int nargs,
+                                     const dnnl_exec_arg_t *args);
+dnnl_status_t dnnl_primitive_destroy(dnnl_primitive_t primitive);
+dnnl_status_t dnnl_reorder_primitive_desc_create(dnnl_primitive_desc_t *pd, const_dnnl_memory_desc_t src_md,
+                                                 dnnl_engine_t src_engine, const_dnnl_memory_desc_t dst_md,
+                                                 dnnl_engine_t dst_engine, const_dnnl_primitive_attr_t attr);
+dnnl_status_t dnnl_convolution_forward_primitive_desc_create(
+    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int prop_kind, int alg_kind, const_dnnl_memory_desc_t src_md,
+    const_dnnl_memory_desc_t weights_md, const_dnnl_memory_desc_t bias_md, const_dnnl_memory_desc_t dst_md,
+    const dnnl_dims_t strides, const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
+    const_dnnl_primitive_attr_t attr);
+dnnl_status_t dnnl_convolution_backward_data_primitive_desc_create(
+    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int alg_kind, const_dnnl_memory_desc_t diff_src_md,
+    const_dnnl_memory_desc_t weights_md, const_dnnl_memory_desc_t diff_dst_md, const dnnl_dims_t strides,
+    const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
+    const_dnnl_primitive_desc_t hint_fwd_pd, const_dnnl_primitive_attr_t attr);
+dnnl_status_t dnnl_convolution_backward_weights_primitive_desc_create(
+    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int alg_kind, const_dnnl_memory_desc_t src_md,
+    const_dnnl_memory_desc_t diff_weights_md, const_dnnl_memory_desc_t diff_bias_md,
+    const_dnnl_memory_desc_t diff_dst_md, const dnnl_dims_t strides, const dnnl_dims_t dilates,
+    const dnnl_dims_t padding_l, const dnnl_dims_t padding_r, const_dnnl_primitive_desc_t hint_fwd_pd,
+    const_dnnl_primitive_attr_t attr);
+}
+
+namespace dnnl {
+namespace threadpool_interop {
+// oneDNN's abstract threadpool (include/oneapi/dnnl/dnnl_threadpool_iface.hpp): the same virtual functions in the
+// same order, so that the library calls this implementation's.
+struct threadpool_iface {
+  virtual int get_num_threads() const = 0;
+  virtual bool get_in_parallel() const = 0;
+  virtual void parallel_for(int n, const std::function<void(int, int)> &fn) = 0;
+  virtual uint64_t get_flags() const = 0;
+  virtual ~threadpool_iface() = default;
+};
+}  // namespace threadpool_interop
+}  // namespace dnnl
+
+namespace {
+
+#include "simd.h"     // FlushDenormals (which threads.h names)
+#include "threads.h"  // kernel_threads, run_parallel
+
+constexpr int kF32 = 3;                  // dnnl_f32
+constexpr int kFormatAny = 1;            // dnnl_format_tag_any
+constexpr int kCpu = 1;                  // dnnl_cpu
+constexpr int kForwardTraining = 64;     // dnnl_forward_training
+constexpr int kConvolutionDirect = 1;    // dnnl_convolution_direct
+constexpr int kQueryImplInfo = 8;        // dnnl_query_impl_info_str
+constexpr int kQueryExecArgMd = 255;     // dnnl_query_exec_arg_md
+constexpr int kArgSrc = 1, kArgDst = 17, kArgWeights = 33, kArgBias = 41;
+constexpr int kArgDiffSrc = 129, kArgDiffDst = 145, kArgDiffWeights = 161, kArgDiffBias = 169;
+void *const kAllocate = reinterpret_cast<void *>(static_cast<size_t>(-1));  // DNNL_MEMORY_ALLOCATE
+
+thread_local bool in_pool = false;
+
+// parallel_for(n, fn) runs fn(i, n) for i = 0 .. n-1 on T threads (the caller and T-1 started ones, threads.h).
+class Pool final : public dnnl::threadpool_interop::threadpool_iface {
+ public:
+  explicit Pool(int threads) : threads_(threads) {}
+  int get_num_threads() const override { return threads_; }
+  bool get_in_parallel() const override { return in_pool; }
+  uint64_t get_flags() const override { return 0; }  // synchronous
+  void parallel_for(int n, const std::function<void(int, int)> &fn) override {
+    const int T = std::max(1, std::min(threads_, n));
+    run_parallel(T, false, [&](int t) {
+      const bool outer = in_pool;
+      in_pool = true;
+      for (int i = t; i < n; i += T) fn(i, n);
+      in_pool = outer;
+    });
+  }
+
+ private:
+  int threads_;
+};
+
+struct Library {
+  dnnl_engine_t engine = nullptr;
+  dnnl_stream_t stream = nullptr;
+  std::unique_ptr<Pool> pool;
+  bool ok = false;
+};
+
+Library &library() {  // created on the first call (C++11 static initialisation is thread-safe)
+  static Library lib = [] {
+    Library l;
+    l.pool.reset(new Pool(kernel_threads()));
+    l.ok = dnnl_engine_create(&l.engine, kCpu, 0) == 0 &&
+           dnnl_threadpool_interop_stream_create(&l.stream, l.engine, l.pool.get()) == 0;
+    return l;
+  }();
+  return lib;
+}
+
+struct Desc {  // an owned memory descriptor
+  dnnl_memory_desc_t md = nullptr;
+  ~Desc() {
+    if (md) dnnl_memory_desc_destroy(md);
+  }
+};
+
+bool plain(Desc &d, std::initializer_list<int64_t> dims) {  // row-major (NCHW / OIHW / X) float32
+  dnnl_dims_t dd = {0}, st = {0};
+  int n = 0;
+  for (int64_t v : dims) dd[n++] = v;
+  int64_t stride = 1;
+  for (int i = n - 1; i >= 0; --i) {
+    st[i] = stride;
+    stride *= dd[i];
+  }
+  return dnnl_memory_desc_create_with_strides(&d.md, n, dd, kF32, st) == 0;
+}
+
+bool channels_last(Desc &d, int64_t N, int64_t C, int64_t H, int64_t W) {  // NHWC float32
+  const dnnl_dims_t dd = {N, C, H, W}, st = {H * W * C, 1, W * C, C};
+  return dnnl_memory_desc_create_with_strides(&d.md, 4, dd, kF32, st) == 0;
+}
+
+bool any(Desc &d, std::initializer_list<int64_t> dims) {
+  dnnl_dims_t dd = {0};
+  int n = 0;
+  for (int64_t v : dims) dd[n++] = v;
+  return dnnl_memory_desc_create_with_tag(&d.md, n, dd, kF32, kFormatAny) == 0;
+}
+
+// One tensor as MindSpore holds it (plain, the call's pointer) and as the primitive wants it; when the two layouts
+// differ, an owned buffer and the reorder between them.
+struct Port {
+  dnnl_memory_t user = nullptr, inner = nullptr;
+  dnnl_primitive_t reorder = nullptr;  // user -> inner for inputs, inner -> user for outputs
+  bool input = true;
+
+  bool init(Library &lib, const_dnnl_memory_desc_t user_md, const_dnnl_memory_desc_t inner_md, bool is_input) {
+    input = is_input;
+    if (dnnl_memory_create(&user, user_md, lib.engine, nullptr) != 0) return false;
+    if (dnnl_memory_desc_equal(user_md, inner_md)) return true;
+    if (dnnl_memory_create(&inner, inner_md, lib.engine, kAllocate) != 0) return false;
+    dnnl_primitive_desc_t pd = nullptr;
+    const bool made = is_input ? dnnl_reorder_primitive_desc_create(&pd, user_md, lib.engine, inner_md, lib.engine,
+                                                                    nullptr) == 0
+                               : dnnl_reorder_primitive_desc_create(&pd, inner_md, lib.engine, user_md, lib.engine,
+                                                                    nullptr) == 0;
+    if (!made) return false;
+    const bool ok = dnnl_primitive_create(&reorder, pd) == 0;
+    dnnl_primitive_desc_destroy(pd);
+    return ok;
+  }
+  dnnl_memory_t arg() const { return inner ? inner : user; }
+  bool bind(Library &lib, void *data) {  // before the primitive: the call's pointer; an input is reordered in
+    if (dnnl_memory_set_data_handle(user, data) != 0) return false;
+    if (!reorder || !input) return true;
+    dnnl_exec_arg_t args[2] = {{kArgSrc, user}, {kArgDst, inner}};
+    return dnnl_primitive_execute(reorder, lib.stream, 2, args) == 0;
+  }
+  bool finish(Library &lib) {  // after the primitive: an output is reordered out
+    if (!reorder || input) return true;
+    dnnl_exec_arg_t args[2] = {{kArgSrc, inner}, {kArgDst, user}};
+    return dnnl_primitive_execute(reorder, lib.stream, 2, args) == 0;
+  }
+  ~Port() {
+    if (reorder) dnnl_primitive_destroy(reorder);
+    if (inner) dnnl_memory_destroy(inner);
+    if (user) dnnl_memory_destroy(user);
+  }
+};
+
+enum Kind : int { kForward = 0, kBackwardData = 1, kBackwardWeights = 2 };
+
+// The cached primitive of one (kind, shape): its ports in execute-argument order.
+struct Entry {
+  std::mutex mutex;
+  dnnl_primitive_t primitive = nullptr;
+  std::vector<int> args;                   // DNNL_ARG_* of each port
+  std::vector<std::unique_ptr<Port>> ports;
+  std::string impl;                        // oneDNN's implementation name (the tests and benchmarks read it)
+  ~Entry() {
+    if (primitive) dnnl_primitive_destroy(primitive);
+  }
+};
+
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+// Builds the primitive for `kind` and its ports; nullptr when oneDNN refuses.
+std::unique_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
+                             int64_t k, int64_t s) {
+  const int64_t oh = (H - k) / s + 1, ow = (W - k) / s + 1;
+  Desc x_plain, w_plain, b_plain, y_plain, x_any, w_any, y_any;
+  if (!plain(x_plain, {N, C, H, W}) || !plain(w_plain, {O, C, k, k}) || !plain(b_plain, {O}) ||
+      !plain(y_plain, {N, O, oh, ow}) || !any(x_any, {N, C, H, W}) || !any(w_any, {O, C, k, k}) ||
+      !any(y_any, {N, O, oh, ow})) {
+    return nullptr;
+  }
+  const dnnl_dims_t strides = {s, s}, dilates = {0, 0}, pad = {0, 0};
+  dnnl_primitive_desc_t fwd = nullptr, pd = nullptr;
+  if (dnnl_convolution_forward_primitive_desc_create(&fwd, lib.engine, kForwardTraining, kConvolutionDirect, x_any.md,
+                                                     w_any.md, b_plain.md, y_any.md, strides, dilates, pad, pad,
+                                                     nullptr) != 0) {
+    return nullptr;
+  }
+  std::vector<std::pair<int, const_dnnl_memory_desc_t>> plan;  // (argument, its plain layout), inputs first
+  std::vector<bool> inputs;
+  if (kind == kForward) {
+    pd = fwd;
+    fwd = nullptr;
+    plan = {{kArgSrc, x_plain.md}, {kArgWeights, w_plain.md}, {kArgBias, b_plain.md}, {kArgDst, y_plain.md}};
+    inputs = {true, true, true, false};
+  } else if (kind == kBackwardData) {
+    if (dnnl_convolution_backward_data_primitive_desc_create(&pd, lib.engine, kConvolutionDirect, x_any.md, w_any.md,
+                                                             y_any.md, strides, dilates, pad, pad, fwd,
+                                                             nullptr) != 0) {
+      pd = nullptr;
+    }
+    plan = {{kArgDiffDst, y_plain.md}, {kArgWeights, w_plain.md}, {kArgDiffSrc, x_plain.md}};
+    inputs = {true, true, false};
+  } else {
+    // Few input channels (the frames of a first layer): with its own choice of the input's layout oneDNN runs the
+    // weight gradient on slow code (jit:avx2 on AVX-512, 42 ms for NatureCNN's first layer at batch 256); given
+    // NHWC it runs jit:avx512_core (12 ms). With 16 or more channels its blocked layouts are as fast.
+    Desc x_nhwc;
+    if (C < 16) {
+      if (!channels_last(x_nhwc, N, C, H, W)) return nullptr;
+      std::swap(x_any.md, x_nhwc.md);
+    }
+    if (dnnl_convolution_backward_weights_primitive_desc_create(&pd, lib.engine, kConvolutionDirect, x_any.md,
+                                                                w_any.md, b_plain.md, y_any.md, strides, dilates,
+                                                                pad, pad, fwd, nullptr) != 0) {
+      pd = nullptr;
+    }
+    plan = {{kArgSrc, x_plain.md}, {kArgDiffDst, y_plain.md}, {kArgDiffWeights, w_plain.md},
+            {kArgDiffBias, b_plain.md}};
+    inputs = {true, true, false, false};
+  }
+  if (fwd) dnnl_primitive_desc_destroy(fwd);
+  if (!pd) return nullptr;
+  std::unique_ptr<Entry> e(new Entry());
+  bool ok = dnnl_primitive_create(&e->primitive, pd) == 0;
+  const char *impl = nullptr;
+  if (ok && dnnl_primitive_desc_query(pd, kQueryImplInfo, 0, &impl) == 0 && impl) e->impl = impl;
+  for (size_t i = 0; ok && i < plan.size(); ++i) {
+    const_dnnl_memory_desc_t inner = dnnl_primitive_desc_query_md(pd, kQueryExecArgMd, plan[i].first);
+    e->ports.emplace_back(new Port());
+    e->args.push_back(plan[i].first);
+    ok = inner != nullptr && e->ports.back()->init(lib, plan[i].second, inner, inputs[i]);
+  }
+  dnnl_primitive_desc_destroy(pd);
+  return ok ? std::move(e) : nullptr;
+}
+
+Entry *entry(Library &lib, int kind, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k, int64_t s) {
+  static std::mutex mutex;
+  static std::map<Key, std::unique_ptr<Entry>> cache;
+  const Key key{kind, N, C, H, W, O, k, s};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second.get();
+  std::unique_ptr<Entry> e = build(lib, kind, N, C, H, W, O, k, s);
+  Entry *raw = e.get();
+  if (raw) cache.emplace(key, std::move(e));
+  return raw;
+}
+
+int execute(Library &lib, Entry *e, const std::vector<void *> &data) {
+  std::lock_guard<std::mutex> lock(e->mutex);
+  std::vector<dnnl_exec_arg_t> args;
+  for (size_t i = 0; i < e->ports.size(); ++i) {
+    if (!e->ports[i]->bind(lib, data[i])) return kErrLibrary;
+    args.push_back({e->args[i], e->ports[i]->arg()});
+  }
+  if (dnnl_primitive_execute(e->primitive, lib.stream, static_cast<int>(args.size()), args.data()) != 0) {
+    return kErrLibrary;
+  }
+  for (auto &port : e->ports) {
+    if (!port->finish(lib)) return kErrLibrary;
+  }
+  return dnnl_stream_wait(lib.stream) == 0 ? kOk : kErrLibrary;
+}
+
+bool all_float32(int n, const char **dtypes, int meta_index) {
+  for (int i = 0; i < n; ++i) {
+    const char *want = i == meta_index ? "int32" : "float32";
+    if (std::strcmp(dtypes[i], want) != 0) return false;
+  }
+  return true;
+}
+
+// Shapes: x (N, C, H, W), w (O, C, k, k), y (N, O, OH, OW) for meta [k, s]; false if they do not fit together.
+bool conv_shapes(const int64_t *x, const int64_t *w, const int64_t *y, const int32_t *meta, int64_t *dims) {
+  const int64_t k = meta[0], s = meta[1];
+  if (k < 1 || s < 1 || x[2] < k || x[3] < k) return false;
+  const int64_t oh = (x[2] - k) / s + 1, ow = (x[3] - k) / s + 1;
+  if (w[1] != x[1] || w[2] != k || w[3] != k || y[0] != x[0] || y[1] != w[0] || y[2] != oh || y[3] != ow) {
+    return false;
+  }
+  const int64_t v[7] = {x[0], x[1], x[2], x[3], w[0], k, s};
+  std::copy(v, v + 7, dims);
+  return true;
+}
+
+int run(int kind, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  // parameter positions: forward x, w, b, meta | y; backward data dy, w, x, meta | dx;
+  // backward weights x, dy, w, meta | dw, db
+  const int expected = kind == kBackwardWeights ? 6 : 5;
+  if (nparam != expected) return kErrParamCount;
+  const int meta_at = 3;
+  if (!all_float32(nparam, dtypes, meta_at)) return kErrDtype;
+  if (ndims[meta_at] != 1 || shapes[meta_at][0] != 2) return kErrShape;
+  const int32_t *meta = static_cast<const int32_t *>(params[meta_at]);
+  int ix, iw, iy;
+  if (kind == kForward) {
+    ix = 0, iw = 1, iy = 4;
+  } else if (kind == kBackwardData) {
+    ix = 2, iw = 1, iy = 0;
+  } else {
+    ix = 0, iw = 2, iy = 1;
+  }
+  if (ndims[ix] != 4 || ndims[iw] != 4 || ndims[iy] != 4) return kErrShape;
+  int64_t d[7];
+  if (!conv_shapes(shapes[ix], shapes[iw], shapes[iy], meta, d)) return kErrShape;
+  const int64_t N = d[0], C = d[1], H = d[2], W = d[3], O = d[4], k = d[5], s = d[6];
+  std::vector<void *> data;
+  if (kind == kForward) {
+    if (ndims[2] != 1 || shapes[2][0] != O) return kErrShape;
+    data = {params[0], params[1], params[2], params[4]};
+  } else if (kind == kBackwardData) {
+    const int64_t *dx = shapes[4];
+    if (ndims[4] != 4 || dx[0] != N || dx[1] != C || dx[2] != H || dx[3] != W) return kErrShape;
+    data = {params[0], params[1], params[4]};
+  } else {
+    const int64_t *dw = shapes[4];
+    if (ndims[4] != 4 || dw[0] != O || dw[1] != C || dw[2] != k || dw[3] != k || ndims[5] != 1 ||
+        shapes[5][0] != O) {
+      return kErrShape;
+    }
+    data = {params[0], params[1], params[4], params[5]};
+  }
+  if (N == 0) {  // (an empty batch: oneDNN refuses zero dims) no output, or zero weight gradients
+    if (kind == kBackwardWeights) {
+      std::fill_n(static_cast<float *>(params[4]), O * C * k * k, 0.0f);
+      std::fill_n(static_cast<float *>(params[5]), O, 0.0f);
+    }
+    return kOk;
+  }
+  Library &lib = library();
+  if (!lib.ok) return kErrLibrary;
+  Entry *e = entry(lib, kind, N, C, H, W, O, k, s);
+  if (!e) return kErrLibrary;
+  return execute(lib, e, data);
+}
+
+}  // namespace
+
+extern "C" int OneDNNConvForward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                 void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  return guarded([&] { return run(kForward, nparam, params, ndims, shapes, dtypes); });
+}
+
+// The same forward pass under a second name: MindSpore (graph mode) keeps one bprop per aot function, and the op
+// without an input gradient (a first layer's) registers another bprop (onednn_conv.py).
+extern "C" int OneDNNConvForwardNoInputGrad(int nparam, void **params, int *ndims, int64_t **shapes,
+                                            const char **dtypes, void *stream, void *extra) {
+  return OneDNNConvForward(nparam, params, ndims, shapes, dtypes, stream, extra);
+}
+
+extern "C" int OneDNNConvBackwardData(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                      void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  return guarded([&] { return run(kBackwardData, nparam, params, ndims, shapes, dtypes); });
+}
+
+extern "C" int OneDNNConvBackwardWeights(int nparam, void **params, int *ndims, int64_t **shapes,
+                                         const char **dtypes, void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  return guarded([&] { return run(kBackwardWeights, nparam, params, ndims, shapes, dtypes); });
+}
+
+// The implementation oneDNN chose for a (kind, shape), for tests and benchmarks (not a MindSpore op): writes its
+// name into `out` (at most `size` bytes, NUL-terminated); returns 0, or kErrLibrary if oneDNN refused the shape.
+extern "C" int OneDNNConvImplementation(int kind, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k,
+                                        int64_t s, char *out, int64_t size) {
+  return guarded([&] {
+    Library &lib = library();
+    if (!lib.ok || size < 1 || kind < kForward || kind > kBackwardWeights || k < 1 || s < 1 || H < k || W < k) {
+      return static_cast<int>(kErrLibrary);
+    }
+    Entry *e = entry(lib, kind, N, C, H, W, O, k, s);
+    if (!e) return static_cast<int>(kErrLibrary);
+    std::strncpy(out, e->impl.c_str(), static_cast<size_t>(size - 1));
+    out[size - 1] = '\0';
+    return static_cast<int>(kOk);
+  });
+}
