@@ -5,6 +5,10 @@ Checks, each reported as ``ok`` / ``warn`` / ``fail`` with a detail:
 * ``python``, ``mindspore``, ``numpy`` (numpy >= 2 with MindSpore 2.10 fails: the wheel is built against
   numpy 1.x), ``gymnasium``;
 * ``threads``: CPU count, the CPUs this process may use, ``MS_DEV_HOST_BLOCKING_RUN``;
+* ``numpy-blas``: the kernels numpy's OpenBLAS runs on this CPU; a warning when it fell back to its pre-AVX
+  (Prescott) ones on a CPU with AVX2/AVX-512, which OpenBLAS 0.3.23 (numpy 1.26's wheels) does for CPU models newer
+  than it knows (e.g. Intel Emerald Rapids): numpy matmuls then run ~5x slower, which scalebox_ms feels where it
+  computes on the host (DQN's ``host_acting``); the fix is ``OPENBLAS_CORETYPE`` set before Python starts;
 * ``backend:<name>`` for each backend MindSpore reports available: in a fresh subprocess (device settings are
   process-global), compile a small Dense layer's forward + gradient with ``@ms.jit`` and compare it with numpy;
 * on GPU: the CUDA version (``nvidia-smi``); on Ascend: driver and CANN versions from their version files and
@@ -40,6 +44,64 @@ def numpy_check(numpy_version: str, mindspore_version: Optional[str]) -> Dict[st
         return _check("numpy", "fail", f"numpy {numpy_version} with mindspore {mindspore_version}: the wheel is built "
                                        "against numpy 1.x (fp16/bf16 ops break); pip install 'numpy>=1.26,<2'")
     return _check("numpy", "ok", numpy_version)
+
+
+# OpenBLAS's cores without AVX (its fallback for a CPU model it does not know is Prescott)
+PRE_AVX_CORES = frozenset({"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai", "coppermine",
+                           "northwood", "banias", "opteron", "opteron_sse3", "barcelona"})
+AVX512_FLAGS = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl")  # what OpenBLAS's SkylakeX kernels use
+
+
+def openblas_core() -> Optional[str]:
+    """The core type numpy's OpenBLAS runs on this CPU (e.g. 'SkylakeX', 'Haswell', 'Prescott'), or None when
+    numpy does not use OpenBLAS (or it cannot be asked)."""
+    import ctypes
+
+    import numpy  # noqa: F401  (loads its BLAS)
+
+    try:
+        with open("/proc/self/maps") as f:  # the loaded libraries: "address perms offset dev inode path"
+            paths = {parts[-1] for parts in (line.split() for line in f)
+                     if len(parts) >= 6 and "openblas" in os.path.basename(parts[-1]).lower() and ".so" in parts[-1]}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in ("openblas_get_corename64_", "openblas_get_corename", "scipy_openblas_get_corename64_"):
+            fn = getattr(lib, symbol, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                name = fn()
+                return name.decode().strip() if name else None
+    return None
+
+
+def cpu_flags() -> frozenset:
+    """The first CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def blas_check(core: Optional[str], flags: frozenset) -> Dict[str, str]:
+    """ok, or a warning with the ``OPENBLAS_CORETYPE`` to set when OpenBLAS runs pre-AVX kernels on an AVX2 CPU."""
+    if core is None:
+        return _check("numpy-blas", "ok", "numpy does not use OpenBLAS (not checked)")
+    if core.lower() not in PRE_AVX_CORES or "avx2" not in flags or "fma" not in flags:
+        return _check("numpy-blas", "ok", f"OpenBLAS core {core}")
+    best = "SkylakeX" if all(f in flags for f in AVX512_FLAGS) else "Haswell"
+    isa = "AVX-512" if best == "SkylakeX" else "AVX2"
+    return _check("numpy-blas", "warn", f"numpy's OpenBLAS runs its {core} kernels (no AVX) on this {isa} CPU, whose "
+                                        f"model it does not know: numpy matmuls ~5x slower; export "
+                                        f"OPENBLAS_CORETYPE={best} before starting Python")
 
 
 def _version(module: str) -> Optional[str]:
@@ -163,6 +225,7 @@ def diagnose() -> Dict:
     blocking = os.environ.get("MS_DEV_HOST_BLOCKING_RUN", "unset (scalebox_ms sets 1)")
     checks.append(_check("threads", "ok", f"{os.cpu_count()} CPUs, {usable_cpus} usable; "
                                           f"MS_DEV_HOST_BLOCKING_RUN={blocking}"))
+    checks.append(blas_check(openblas_core(), cpu_flags()))
     backends = available_backends()
     checks.append(_check("devices", "ok", "available backends: " + ", ".join(backends)))
     for name in backends:

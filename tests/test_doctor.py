@@ -1,8 +1,12 @@
 import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from conftest import run_module
-from scalebox_ms.doctor import cann_compat, numpy_check, supported_cann_versions
+from scalebox_ms.doctor import blas_check, cann_compat, numpy_check, supported_cann_versions
 
 
 @pytest.mark.integration
@@ -14,7 +18,8 @@ def test_doctor_json_reports_a_working_cpu_backend():
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["backend:cpu"]["status"] == "ok" and "match numpy" in checks["backend:cpu"]["detail"]
     assert checks["numpy"]["status"] == "ok" and checks["numpy"]["detail"].startswith("1.")
-    assert {"python", "mindspore", "gymnasium", "threads", "devices"} <= set(checks)
+    assert {"python", "mindspore", "gymnasium", "threads", "devices", "numpy-blas"} <= set(checks)
+    assert checks["numpy-blas"]["status"] in ("ok", "warn")
 
 
 def test_numpy_2_with_mindspore_2_10_is_a_failure():
@@ -40,3 +45,23 @@ def test_cann_version_is_read_from_the_version_line_not_comments(tmp_path, monke
     assert checks["cann"]["detail"].startswith("Version=6.0.RC1")
     assert checks["cann-match"]["status"] == "warn" and "6.0.RC1" in checks["cann-match"]["detail"]
     assert checks["ascend-driver"]["status"] == "warn"  # no driver on this machine
+
+
+def test_a_pre_avx_openblas_core_on_an_avx_cpu_is_a_warning_with_the_fix():
+    avx512 = frozenset({"avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+    warn = blas_check("Prescott", avx512)
+    assert warn["status"] == "warn" and "export OPENBLAS_CORETYPE=SkylakeX" in warn["detail"]
+    assert "OPENBLAS_CORETYPE=Haswell" in blas_check("Prescott", frozenset({"avx2", "fma"}))["detail"]
+    assert blas_check("Prescott", frozenset({"sse3"}))["status"] == "ok"  # (nothing faster to ask for)
+    assert blas_check("SkylakeX", avx512) == {"name": "numpy-blas", "status": "ok", "detail": "OpenBLAS core SkylakeX"}
+    assert blas_check(None, avx512)["status"] == "ok"
+
+
+@pytest.mark.parametrize("core", ["Haswell", "Prescott"])
+def test_the_openblas_core_is_read_from_the_loaded_library(core):
+    """numpy 1.26's wheels bundle OpenBLAS; what it runs follows OPENBLAS_CORETYPE, so the check reads the library
+    in the process, not a guess from the CPU."""
+    code = "from scalebox_ms.doctor import openblas_core; print(openblas_core())"
+    env = {**os.environ, "OPENBLAS_CORETYPE": core}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == core
