@@ -9,6 +9,8 @@ MindSpore broadcasting the weight over the batch itself (its backward then also 
 ``ops.tile``). The variants run one after the other (nn.Conv2d, im2col, implicit, broadcast_to), not interleaved. The whole-NatureCNN row
 also times ``im2col_patch_kernel``: the first layer's patches from the C++ kernel on the uint8 frames
 (``policy.conv_kernel: custom``, ops/custom/patches.cc) instead of ``ops.unfold`` of the scaled float frames.
+``onednn`` is ``policy.conv_backend: onednn`` (ops/custom/onednn_conv.cc: oneDNN's own convolution primitives, the
+default on CPU since 2026-12-05): per layer with the input gradient, for NatureCNN without the first layer's.
 
 Usage:  python benchmarks/cnn_conv.py [--batch 256] [--out benchmarks/results/cnn_conv.json]
 """
@@ -95,6 +97,7 @@ def main() -> None:
     from scalebox_ms import Sandbox
     from scalebox_ms.fileio import atomic_write_json
     from scalebox_ms.models.cnn import Conv, NatureCNN
+    from scalebox_ms.ops.custom.onednn_conv import OneDNNConv
     from scalebox_ms.ops.custom.patches import ImagePatchesKernel
 
     Sandbox(device="cpu", seed=0)
@@ -110,6 +113,9 @@ def main() -> None:
 
         for name, (fwd, fwd_bwd) in variants(run).items():
             row[f"{name}_fwd_s"], row[f"{name}_fwd_bwd_s"] = fwd, fwd_bwd
+        on_onednn = Conv(cin, cout, k, s, "normal", "zeros", im2col=True)
+        on_onednn.onednn, on_onednn.use_onednn = OneDNNConv(k, s), True  # (with the input gradient: layers 2-3's case)
+        row["onednn_fwd_s"], row["onednn_fwd_bwd_s"] = fwd_and_fwd_bwd(on_onednn, x)
         rows.append(row)
         print(row, flush=True)
     frames = ms.Tensor(np.random.default_rng(1).integers(0, 256, (B, 4, 84, 84)).astype(np.uint8))
@@ -122,6 +128,9 @@ def main() -> None:
     whole["im2col_patch_kernel_fwd_s"], whole["im2col_patch_kernel_fwd_bwd_s"] = fwd_and_fwd_bwd(with_kernel, frames)
     whole["patch_kernel_fwd_speedup"] = whole["im2col_fwd_s"] / whole["im2col_patch_kernel_fwd_s"]
     whole["patch_kernel_fwd_bwd_speedup"] = whole["im2col_fwd_bwd_s"] / whole["im2col_patch_kernel_fwd_bwd_s"]
+    on_onednn = NatureCNN((4, 84, 84), im2col=True)
+    on_onednn.set_onednn(True)  # CustomOpError without a C++ compiler
+    whole["onednn_fwd_s"], whole["onednn_fwd_bwd_s"] = fwd_and_fwd_bwd(on_onednn, frames)
     rows.append(whole)
     print(whole, flush=True)
     for row in rows:
@@ -129,6 +138,8 @@ def main() -> None:
         row["fwd_bwd_speedup"] = row["nn.Conv2d_fwd_bwd_s"] / row["im2col_fwd_bwd_s"]
         row["explicit_broadcast_fwd_bwd_speedup"] = row["im2col_implicit_fwd_bwd_s"] / row["im2col_fwd_bwd_s"]
         row["tile_fwd_bwd_speedup"] = row["im2col_broadcast_to_fwd_bwd_s"] / row["im2col_fwd_bwd_s"]
+        row["onednn_fwd_speedup"] = row["im2col_fwd_s"] / row["onednn_fwd_s"]
+        row["onednn_fwd_bwd_speedup"] = row["im2col_fwd_bwd_s"] / row["onednn_fwd_bwd_s"]
     atomic_write_json(args.out, {"batch": B, "rows": rows, "date": time.strftime("%Y-%m-%d %H:%M"),
                                  "mindspore": ms.__version__, "cpus": os.cpu_count()})
     print(f"wrote {args.out}")

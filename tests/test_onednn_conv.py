@@ -2,6 +2,11 @@
 MindSpore's ``ops.conv2d`` and the im2col path: outputs and every gradient, the choice and its errors, trainers that
 use it, and MindIR exports that never contain it."""
 import logging
+import os
+import platform
+import subprocess
+import sys
+import textwrap
 
 import mindspore as ms
 import numpy as np
@@ -12,8 +17,9 @@ import image_envs  # noqa: F401  (registers BrightSide-v0)
 from scalebox_ms import Config
 from scalebox_ms.errors import ConfigError, CustomOpError
 from scalebox_ms.models.cnn import NatureCNN, builtin_patches, patch_kernel_cnns
+from scalebox_ms.ops.custom import onednn_conv
 from scalebox_ms.ops.custom.onednn_conv import (BACKWARD_DATA, BACKWARD_WEIGHTS, FORWARD, OneDNNConv,
-                                                implementation)
+                                                implementation, slow_passes)
 from scalebox_ms.trainers import Callback, DQNTrainer, PPOTrainer
 from scalebox_ms.trainers.kernels import select_conv_backend
 
@@ -94,13 +100,50 @@ def test_nature_cnn_on_onednn_matches_im2col():
     assert not any(layer.use_onednn for layer in cnn.layers())
 
 
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN's JIT convolutions checked on x86-64 only")
 def test_oneDNN_runs_its_jit_convolutions_for_natures_layers():
-    """The point of the op: for NatureCNN's Atari shapes (a minibatch of 256) oneDNN picks compiled code, not its
-    reference implementation (what MindSpore's own Conv2D gets)."""
+    """The point of the op: for NatureCNN's Atari shapes oneDNN picks compiled code, not its reference
+    implementation (what MindSpore's own Conv2D gets); slow_passes, which auto consults, finds none."""
     for c, h, o, k, s in [(4, 84, 32, 8, 4), (32, 20, 64, 4, 2), (64, 9, 64, 3, 1)]:
         for kind in (FORWARD, BACKWARD_DATA, BACKWARD_WEIGHTS):
-            name = implementation(kind, 256, c, h, h, o, k, s)
+            name = implementation(kind, 8, c, h, h, o, k, s)
             assert name and not name.startswith("ref"), (c, h, o, k, s, kind, name)
+    assert slow_passes([NatureCNN((4, 84, 84))]) == []
+
+
+def test_one_kernel_thread_gives_conv2d_results_too(tmp_path):
+    """SCALEBOX_MS_KERNEL_THREADS=1: oneDNN's work split over a pool of one thread (its parallel_for runs every
+    piece on the caller)."""
+    code = textwrap.dedent("""
+        import numpy as np, mindspore as ms
+        from mindspore import ops
+        from scalebox_ms.ops.custom.onednn_conv import OneDNNConv
+        rng = np.random.default_rng(0)
+        x = ms.Tensor(rng.standard_normal((4, 8, 12, 13)).astype(np.float32))
+        w = ms.Tensor(rng.standard_normal((16, 8, 4, 4)).astype(np.float32))
+        b = ms.Tensor(rng.standard_normal(16).astype(np.float32))
+        conv = OneDNNConv(4, 2)
+        def loss(x, w, b, f):
+            return (f(x, w, b) ** 2).sum()
+        def ref(x, w, b):
+            return ops.conv2d(x, w, None, stride=2, pad_mode="valid") + b.reshape(1, -1, 1, 1)
+        def mine(x, w, b):
+            return loss(x, w, b, conv)
+        def theirs(x, w, b):
+            return loss(x, w, b, ref)
+        got = ms.jit(ms.grad(mine, grad_position=(0, 1, 2)))(x, w, b)
+        want = ms.grad(theirs, grad_position=(0, 1, 2))(x, w, b)
+        for g, r in zip(got, want):
+            r = r.asnumpy()
+            np.testing.assert_allclose(g.asnumpy(), r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+        print("ok")
+    """)
+    script = tmp_path / "one_thread.py"  # (a file: MindSpore's jit reads the functions' source)
+    script.write_text(code)
+    env = {**os.environ, "SCALEBOX_MS_KERNEL_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
 
 
 def test_bad_shapes_are_one_line_errors():
@@ -203,6 +246,12 @@ def test_choice_errors_name_the_setting(tmp_path, monkeypatch):
         assert tr.conv_backend == "im2col" and tr.conv_kernel == "custom"
     finally:
         tr.close()
+    # oneDNN with only its reference code for a pass (what MindSpore's Conv2D runs): auto keeps im2col, onednn warns
+    monkeypatch.setattr(onednn_conv, "slow_passes", lambda cnns: ["forward 1->2 8x8/4 on 36x36"])
+    cnn = NatureCNN((1, 36, 36), (2, 2, 2), 4)
+    assert select_conv_backend(auto, cnn, "CPU") == "im2col" and not cnn.first.use_onednn
+    assert select_conv_backend(onednn, cnn, "CPU") == "onednn" and cnn.first.use_onednn
+    monkeypatch.undo()
     # no compiler and no cached library: onednn is a one-line error, auto keeps im2col
     monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "empty"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
@@ -229,9 +278,11 @@ def test_export_uses_mindspore_ops_and_needs_no_compiler(tmp_path, monkeypatch, 
         assert all(c.first.use_onednn for c in patch_kernel_cnns(tr.model))
         frames = np.random.default_rng(3).integers(0, 256, (8, 40, 40, 3)).astype(np.uint8)
         np.testing.assert_array_equal(MindIRPolicy(path)(frames), tr.predict(frames))
+        op = patch_kernel_cnns(tr.model)[0].first.onednn
         with builtin_patches(tr.model):
             assert not any(c.first.use_onednn for c in patch_kernel_cnns(tr.model))
         assert all(c.first.use_onednn for c in patch_kernel_cnns(tr.model))
+        assert patch_kernel_cnns(tr.model)[0].first.onednn is op  # (the same op: nothing was built again)
     finally:
         tr.close()
     run_dir = tmp_path / "run"

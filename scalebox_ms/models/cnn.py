@@ -99,18 +99,19 @@ def builtin_patches(model):
     no patches kernel, no oneDNN op): for graphs compiled there, e.g. a MindIR export (an aot kernel's library path
     does not travel with the file).
     Graphs compiled before keep their own choice; the kernels are set back afterwards."""
-    saved = [(cnn, cnn.first.patches, cnn.first.use_onednn) for cnn in patch_kernel_cnns(model)]
+    saved = [(cnn, cnn.first.patches, [(layer.onednn, layer.use_onednn) for layer in cnn.layers()])
+             for cnn in patch_kernel_cnns(model)]
     try:
-        for cnn, _, onednn in saved:
-            if onednn:
-                cnn.set_onednn(False)
+        for cnn, _, _ in saved:
             cnn.set_patch_kernel(None)
+            for layer in cnn.layers():
+                layer.use_onednn = False
         yield model
     finally:
-        for cnn, kernel, onednn in saved:
+        for cnn, kernel, ops_ in saved:
             cnn.set_patch_kernel(kernel)
-            if onednn:
-                cnn.set_onednn(True)
+            for layer, (op, used) in zip(cnn.layers(), ops_):  # (the same op objects: nothing to build again)
+                layer.onednn, layer.use_onednn = op, used
 
 
 def conv_output_hw(h: int, w: int):

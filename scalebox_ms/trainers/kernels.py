@@ -223,12 +223,19 @@ def select_conv_backend(policy_cfg, model, device: str) -> str:
         _report("policy.conv_backend", choice, "im2col", blocker)
         return "im2col"
     from ..ops.custom import kernel_available
-    from ..ops.custom.onednn_conv import KERNEL
+    from ..ops.custom.onednn_conv import KERNEL, onednn_library, slow_passes
 
-    if choice == "auto" and not kernel_available(KERNEL):
-        _report("policy.conv_backend", choice, "im2col", "no C++ compiler and no cached kernel")
-        return "im2col"
+    if choice == "auto":
+        try:
+            onednn_library()
+        except CustomOpError as exc:
+            _report("policy.conv_backend", choice, "im2col", str(exc))
+            return "im2col"
+        if not kernel_available(KERNEL):
+            _report("policy.conv_backend", choice, "im2col", "no C++ compiler and no cached kernel")
+            return "im2col"
     try:
+        slow = slow_passes(cnns)  # builds the kernel; oneDNN's implementation of every pass of these layers
         for cnn in cnns:
             cnn.set_onednn(True)
     except CustomOpError as exc:
@@ -236,8 +243,15 @@ def select_conv_backend(policy_cfg, model, device: str) -> str:
             cnn.set_onednn(False)
         if choice == "onednn":
             raise CustomOpError(f"policy.conv_backend: onednn: {exc}") from None
-        _report("policy.conv_backend", choice, "im2col", f"the oneDNN op cannot be built: {exc}", fallback=True)
+        _report("policy.conv_backend", choice, "im2col", f"the oneDNN op cannot run: {exc}", fallback=True)
         return "im2col"
+    if slow:
+        if choice == "auto":
+            for cnn in cnns:
+                cnn.set_onednn(False)
+            _report("policy.conv_backend", choice, "im2col", f"oneDNN has only reference code for {slow[0]} here")
+            return "im2col"
+        log.warning("policy.conv_backend onednn: oneDNN has only reference code for %s here (slow)", slow[0])
     _report("policy.conv_backend", choice, "oneDNN", "CPU" if choice == "auto" else "as configured")
     return "onednn"
 

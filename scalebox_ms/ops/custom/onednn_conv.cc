@@ -18,10 +18,12 @@
 //   OneDNNConvBackwardWeights inputs x (N, C, H, W), dy (N, O, OH, OW), w (its shape only), meta
 //                             outputs dw (O, C, k, k), db (O,)
 //
-// All float32. Primitives are created once per shape and kept (a mutex guards the cache and each entry's
-// buffers). oneDNN runs on kernel_threads() threads (threads.h, read when the first call creates the stream)
-// through its threadpool interface, which this build of oneDNN uses (DNNL_CPU_RUNTIME=THREADPOOL). Returns a
-// Status (status.h): kErrLibrary when oneDNN refuses a primitive; no exception leaves the kernel.
+// All float32 (oneDNN's fpmath mode strict). Primitives are created once per shape and kept, the least recently
+// used beyond 32 dropped (a mutex guards the cache, another each entry's buffers and stream). oneDNN runs on
+// kernel_threads() threads (threads.h, read once, by the first call) through its threadpool interface, which
+// MindSpore's build of oneDNN uses (DNNL_CPU_RUNTIME=THREADPOOL; another build, or not oneDNN 3, makes every call
+// return kErrLibrary). Returns a Status (status.h): kErrLibrary when oneDNN refuses a primitive; no exception leaves
+// the kernel.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -39,96 +41,16 @@
 
 #include "status.h"  // return codes, guarded
 
-// ---- the part of oneDNN's C API (v3, include/oneapi/dnnl/dnnl.h) used here, declared from its documentation ----
-extern "C" {
-typedef int dnnl_status_t;  // dnnl_success = 0
-typedef int64_t dnnl_dim_t;
-typedef dnnl_dim_t dnnl_dims_t[12];  // DNNL_MAX_NDIMS
-typedef struct dnnl_engine *dnnl_engine_t;
-typedef struct dnnl_stream *dnnl_stream_t;
-typedef struct dnnl_memory_desc *dnnl_memory_desc_t;
-typedef const struct dnnl_memory_desc *const_dnnl_memory_desc_t;
-typedef struct dnnl_memory *dnnl_memory_t;
-typedef struct dnnl_primitive_desc *dnnl_primitive_desc_t;
-typedef const struct dnnl_primitive_desc *const_dnnl_primitive_desc_t;
-typedef struct dnnl_primitive *dnnl_primitive_t;
-typedef const struct dnnl_primitive *const_dnnl_primitive_t;
-typedef const struct dnnl_primitive_attr *const_dnnl_primitive_attr_t;
-typedef struct {
-  int arg;
-  dnnl_memory_t memory;
-} dnnl_exec_arg_t;
-
-dnnl_status_t dnnl_engine_create(dnnl_engine_t *engine, int kind, size_t index);
-dnnl_status_t dnnl_threadpool_interop_stream_create(dnnl_stream_t *stream, dnnl_engine_t engine, void *threadpool);
-dnnl_status_t dnnl_stream_wait(dnnl_stream_t stream);
-dnnl_status_t dnnl_memory_desc_create_with_strides(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims,
-                                                   int data_type, const dnnl_dims_t strides);
-dnnl_status_t dnnl_memory_desc_create_with_tag(dnnl_memory_desc_t *md, int ndims, const dnnl_dims_t dims,
-                                               int data_type, int tag);
-dnnl_status_t dnnl_memory_desc_destroy(dnnl_memory_desc_t md);
-int dnnl_memory_desc_equal(const_dnnl_memory_desc_t lhs, const_dnnl_memory_desc_t rhs);
-dnnl_status_t dnnl_memory_create(dnnl_memory_t *memory, const_dnnl_memory_desc_t md, dnnl_engine_t engine,
-                                 void *handle);
-dnnl_status_t dnnl_memory_set_data_handle(dnnl_memory_t memory, void *handle);
-dnnl_status_t dnnl_memory_destroy(dnnl_memory_t memory);
-const_dnnl_memory_desc_t dnnl_primitive_desc_query_md(const_dnnl_primitive_desc_t pd, int what, int index);
-dnnl_status_t dnnl_primitive_desc_query(const_dnnl_primitive_desc_t pd, int what, int index, void *result);
-dnnl_status_t dnnl_primitive_desc_destroy(dnnl_primitive_desc_t pd);
-dnnl_status_t dnnl_primitive_create(dnnl_primitive_t *primitive, const_dnnl_primitive_desc_t pd);
-dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t primitive, dnnl_stream_t stream, int nargs,
-                                     const dnnl_exec_arg_t *args);
-dnnl_status_t dnnl_primitive_destroy(dnnl_primitive_t primitive);
-dnnl_status_t dnnl_reorder_primitive_desc_create(dnnl_primitive_desc_t *pd, const_dnnl_memory_desc_t src_md,
-                                                 dnnl_engine_t src_engine, const_dnnl_memory_desc_t dst_md,
-                                                 dnnl_engine_t dst_engine, const_dnnl_primitive_attr_t attr);
-dnnl_status_t dnnl_convolution_forward_primitive_desc_create(
-    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int prop_kind, int alg_kind, const_dnnl_memory_desc_t src_md,
-    const_dnnl_memory_desc_t weights_md, const_dnnl_memory_desc_t bias_md, const_dnnl_memory_desc_t dst_md,
-    const dnnl_dims_t strides, const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
-    const_dnnl_primitive_attr_t attr);
-dnnl_status_t dnnl_convolution_backward_data_primitive_desc_create(
-    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int alg_kind, const_dnnl_memory_desc_t diff_src_md,
-    const_dnnl_memory_desc_t weights_md, const_dnnl_memory_desc_t diff_dst_md, const dnnl_dims_t strides,
-    const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
-    const_dnnl_primitive_desc_t hint_fwd_pd, const_dnnl_primitive_attr_t attr);
-dnnl_status_t dnnl_convolution_backward_weights_primitive_desc_create(
-    dnnl_primitive_desc_t *pd, dnnl_engine_t engine, int alg_kind, const_dnnl_memory_desc_t src_md,
-    const_dnnl_memory_desc_t diff_weights_md, const_dnnl_memory_desc_t diff_bias_md,
-    const_dnnl_memory_desc_t diff_dst_md, const dnnl_dims_t strides, const dnnl_dims_t dilates,
-    const dnnl_dims_t padding_l, const dnnl_dims_t padding_r, const_dnnl_primitive_desc_t hint_fwd_pd,
-    const_dnnl_primitive_attr_t attr);
-}
-
-namespace dnnl {
-namespace threadpool_interop {
-// oneDNN's abstract threadpool (include/oneapi/dnnl/dnnl_threadpool_iface.hpp): the same virtual functions in the
-// same order, so that the library calls this implementation's.
-struct threadpool_iface {
-  virtual int get_num_threads() const = 0;
-  virtual bool get_in_parallel() const = 0;
-  virtual void parallel_for(int n, const std::function<void(int, int)> &fn) = 0;
-  virtual uint64_t get_flags() const = 0;
-  virtual ~threadpool_iface() = default;
-};
-}  // namespace threadpool_interop
-}  // namespace dnnl
+#include "onednn_api.h"  // the oneDNN C API declarations used here
 
 namespace {
 
 #include "simd.h"     // FlushDenormals (which threads.h names)
 #include "threads.h"  // kernel_threads, run_parallel
 
-constexpr int kF32 = 3;                  // dnnl_f32
-constexpr int kFormatAny = 1;            // dnnl_format_tag_any
-constexpr int kCpu = 1;                  // dnnl_cpu
-constexpr int kForwardTraining = 64;     // dnnl_forward_training
-constexpr int kConvolutionDirect = 1;    // dnnl_convolution_direct
-constexpr int kQueryImplInfo = 8;        // dnnl_query_impl_info_str
-constexpr int kQueryExecArgMd = 255;     // dnnl_query_exec_arg_md
-constexpr int kArgSrc = 1, kArgDst = 17, kArgWeights = 33, kArgBias = 41;
-constexpr int kArgDiffSrc = 129, kArgDiffDst = 145, kArgDiffWeights = 161, kArgDiffBias = 169;
 void *const kAllocate = reinterpret_cast<void *>(static_cast<size_t>(-1));  // DNNL_MEMORY_ALLOCATE
+// primitives kept (each with buffers as large as its tensors): the least recently used beyond this are dropped
+constexpr size_t kMaxCachedPrimitives = 32;
 
 thread_local bool in_pool = false;
 
@@ -153,22 +75,29 @@ class Pool final : public dnnl::threadpool_interop::threadpool_iface {
   int threads_;
 };
 
+// The engine, the threadpool and the checks that this libdnnl is one the kernel can use: oneDNN 3 built with the
+// threadpool CPU runtime (MindSpore's wheel); anything else makes every call return kErrLibrary.
 struct Library {
   dnnl_engine_t engine = nullptr;
-  dnnl_stream_t stream = nullptr;
-  std::unique_ptr<Pool> pool;
+  Pool *pool = nullptr;
+  dnnl_primitive_attr_t attr = nullptr;  // fpmath mode strict: float32 stays float32 whatever the environment says
+  bool avx512 = false;                   // oneDNN runs avx512_core code here (the NHWC choice below)
   bool ok = false;
 };
 
-Library &library() {  // created on the first call (C++11 static initialisation is thread-safe)
-  static Library lib = [] {
-    Library l;
-    l.pool.reset(new Pool(kernel_threads()));
-    l.ok = dnnl_engine_create(&l.engine, kCpu, 0) == 0 &&
-           dnnl_threadpool_interop_stream_create(&l.stream, l.engine, l.pool.get()) == 0;
+Library &library() {  // created on the first call (thread-safe static initialisation); deliberately never destroyed:
+  // at process exit oneDNN's own statics may be gone, or MindSpore's threads still running kernels
+  static Library *lib = [] {
+    Library *l = new Library();
+    const dnnl_version_t *v = dnnl_version();
+    if (v == nullptr || v->major != 3 || v->cpu_runtime != kDnnlRuntimeThreadpool) return l;
+    l->pool = new Pool(kernel_threads());
+    l->avx512 = dnnl_get_effective_cpu_isa() >= kDnnlIsaAvx512Core;
+    l->ok = dnnl_engine_create(&l->engine, kDnnlCpu, 0) == 0 && dnnl_primitive_attr_create(&l->attr) == 0 &&
+            dnnl_primitive_attr_set_fpmath_mode(l->attr, kDnnlFpmathStrict) == 0;
     return l;
   }();
-  return lib;
+  return *lib;
 }
 
 struct Desc {  // an owned memory descriptor
@@ -187,19 +116,19 @@ bool plain(Desc &d, std::initializer_list<int64_t> dims) {  // row-major (NCHW /
     st[i] = stride;
     stride *= dd[i];
   }
-  return dnnl_memory_desc_create_with_strides(&d.md, n, dd, kF32, st) == 0;
+  return dnnl_memory_desc_create_with_strides(&d.md, n, dd, kDnnlF32, st) == 0;
 }
 
 bool channels_last(Desc &d, int64_t N, int64_t C, int64_t H, int64_t W) {  // NHWC float32
   const dnnl_dims_t dd = {N, C, H, W}, st = {H * W * C, 1, W * C, C};
-  return dnnl_memory_desc_create_with_strides(&d.md, 4, dd, kF32, st) == 0;
+  return dnnl_memory_desc_create_with_strides(&d.md, 4, dd, kDnnlF32, st) == 0;
 }
 
 bool any(Desc &d, std::initializer_list<int64_t> dims) {
   dnnl_dims_t dd = {0};
   int n = 0;
   for (int64_t v : dims) dd[n++] = v;
-  return dnnl_memory_desc_create_with_tag(&d.md, n, dd, kF32, kFormatAny) == 0;
+  return dnnl_memory_desc_create_with_tag(&d.md, n, dd, kDnnlF32, kDnnlFormatAny) == 0;
 }
 
 // One tensor as MindSpore holds it (plain, the call's pointer) and as the primitive wants it; when the two layouts
@@ -225,16 +154,16 @@ struct Port {
     return ok;
   }
   dnnl_memory_t arg() const { return inner ? inner : user; }
-  bool bind(Library &lib, void *data) {  // before the primitive: the call's pointer; an input is reordered in
+  bool bind(dnnl_stream_t stream, void *data) {  // before the primitive: the call's pointer; inputs reordered in
     if (dnnl_memory_set_data_handle(user, data) != 0) return false;
     if (!reorder || !input) return true;
-    dnnl_exec_arg_t args[2] = {{kArgSrc, user}, {kArgDst, inner}};
-    return dnnl_primitive_execute(reorder, lib.stream, 2, args) == 0;
+    dnnl_exec_arg_t args[2] = {{kDnnlArgSrc, user}, {kDnnlArgDst, inner}};
+    return dnnl_primitive_execute(reorder, stream, 2, args) == 0;
   }
-  bool finish(Library &lib) {  // after the primitive: an output is reordered out
+  bool finish(dnnl_stream_t stream) {  // after the primitive: an output is reordered out
     if (!reorder || input) return true;
-    dnnl_exec_arg_t args[2] = {{kArgSrc, inner}, {kArgDst, user}};
-    return dnnl_primitive_execute(reorder, lib.stream, 2, args) == 0;
+    dnnl_exec_arg_t args[2] = {{kDnnlArgSrc, inner}, {kDnnlArgDst, user}};
+    return dnnl_primitive_execute(reorder, stream, 2, args) == 0;
   }
   ~Port() {
     if (reorder) dnnl_primitive_destroy(reorder);
@@ -245,23 +174,29 @@ struct Port {
 
 enum Kind : int { kForward = 0, kBackwardData = 1, kBackwardWeights = 2 };
 
-// The cached primitive of one (kind, shape): its ports in execute-argument order.
+// The cached primitive of one (kind, shape): its ports in execute-argument order, and its own stream (entries may
+// run at the same time from different MindSpore threads; one entry's calls are serialised by its mutex).
 struct Entry {
   std::mutex mutex;
+  dnnl_stream_t stream = nullptr;
   dnnl_primitive_t primitive = nullptr;
   std::vector<int> args;                   // DNNL_ARG_* of each port
   std::vector<std::unique_ptr<Port>> ports;
   std::string impl;                        // oneDNN's implementation name (the tests and benchmarks read it)
   ~Entry() {
+    ports.clear();
     if (primitive) dnnl_primitive_destroy(primitive);
+    if (stream) dnnl_stream_destroy(stream);
   }
 };
 
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
 // Builds the primitive for `kind` and its ports; nullptr when oneDNN refuses.
-std::unique_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
+std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
                              int64_t k, int64_t s) {
+  // oneDNN plans its work split for this many threads (thread-local, so set on every build): the pool's
+  dnnl_threadpool_interop_set_max_concurrency(lib.pool->get_num_threads());
   const int64_t oh = (H - k) / s + 1, ow = (W - k) / s + 1;
   Desc x_plain, w_plain, b_plain, y_plain, x_any, w_any, y_any;
   if (!plain(x_plain, {N, C, H, W}) || !plain(w_plain, {O, C, k, k}) || !plain(b_plain, {O}) ||
@@ -271,9 +206,9 @@ std::unique_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
   }
   const dnnl_dims_t strides = {s, s}, dilates = {0, 0}, pad = {0, 0};
   dnnl_primitive_desc_t fwd = nullptr, pd = nullptr;
-  if (dnnl_convolution_forward_primitive_desc_create(&fwd, lib.engine, kForwardTraining, kConvolutionDirect, x_any.md,
+  if (dnnl_convolution_forward_primitive_desc_create(&fwd, lib.engine, kDnnlForwardTraining, kDnnlConvolutionDirect, x_any.md,
                                                      w_any.md, b_plain.md, y_any.md, strides, dilates, pad, pad,
-                                                     nullptr) != 0) {
+                                                     lib.attr) != 0) {
     return nullptr;
   }
   std::vector<std::pair<int, const_dnnl_memory_desc_t>> plan;  // (argument, its plain layout), inputs first
@@ -281,77 +216,90 @@ std::unique_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
   if (kind == kForward) {
     pd = fwd;
     fwd = nullptr;
-    plan = {{kArgSrc, x_plain.md}, {kArgWeights, w_plain.md}, {kArgBias, b_plain.md}, {kArgDst, y_plain.md}};
+    plan = {{kDnnlArgSrc, x_plain.md}, {kDnnlArgWeights, w_plain.md}, {kDnnlArgBias, b_plain.md}, {kDnnlArgDst, y_plain.md}};
     inputs = {true, true, true, false};
   } else if (kind == kBackwardData) {
-    if (dnnl_convolution_backward_data_primitive_desc_create(&pd, lib.engine, kConvolutionDirect, x_any.md, w_any.md,
+    if (dnnl_convolution_backward_data_primitive_desc_create(&pd, lib.engine, kDnnlConvolutionDirect, x_any.md, w_any.md,
                                                              y_any.md, strides, dilates, pad, pad, fwd,
-                                                             nullptr) != 0) {
+                                                             lib.attr) != 0) {
       pd = nullptr;
     }
-    plan = {{kArgDiffDst, y_plain.md}, {kArgWeights, w_plain.md}, {kArgDiffSrc, x_plain.md}};
+    plan = {{kDnnlArgDiffDst, y_plain.md}, {kDnnlArgWeights, w_plain.md}, {kDnnlArgDiffSrc, x_plain.md}};
     inputs = {true, true, false};
   } else {
     // Few input channels (the frames of a first layer): with its own choice of the input's layout oneDNN runs the
     // weight gradient on slow code (jit:avx2 on AVX-512, 42 ms for NatureCNN's first layer at batch 256); given
-    // NHWC it runs jit:avx512_core (12 ms). With 16 or more channels its blocked layouts are as fast.
+    // NHWC it runs jit:avx512_core (12 ms). With 16 or more channels its blocked layouts are as fast. (Measured on
+    // AVX-512 only: elsewhere oneDNN keeps its own choice.)
     Desc x_nhwc;
-    if (C < 16) {
-      if (!channels_last(x_nhwc, N, C, H, W)) return nullptr;
-      std::swap(x_any.md, x_nhwc.md);
-    }
-    if (dnnl_convolution_backward_weights_primitive_desc_create(&pd, lib.engine, kConvolutionDirect, x_any.md,
+    if (C < 16 && lib.avx512 && channels_last(x_nhwc, N, C, H, W)) std::swap(x_any.md, x_nhwc.md);
+    if (dnnl_convolution_backward_weights_primitive_desc_create(&pd, lib.engine, kDnnlConvolutionDirect, x_any.md,
                                                                 w_any.md, b_plain.md, y_any.md, strides, dilates,
-                                                                pad, pad, fwd, nullptr) != 0) {
+                                                                pad, pad, fwd, lib.attr) != 0) {
       pd = nullptr;
     }
-    plan = {{kArgSrc, x_plain.md}, {kArgDiffDst, y_plain.md}, {kArgDiffWeights, w_plain.md},
-            {kArgDiffBias, b_plain.md}};
+    plan = {{kDnnlArgSrc, x_plain.md}, {kDnnlArgDiffDst, y_plain.md}, {kDnnlArgDiffWeights, w_plain.md},
+            {kDnnlArgDiffBias, b_plain.md}};
     inputs = {true, true, false, false};
   }
   if (fwd) dnnl_primitive_desc_destroy(fwd);
   if (!pd) return nullptr;
-  std::unique_ptr<Entry> e(new Entry());
-  bool ok = dnnl_primitive_create(&e->primitive, pd) == 0;
+  std::shared_ptr<Entry> e(new Entry());
+  bool ok = dnnl_threadpool_interop_stream_create(&e->stream, lib.engine, lib.pool) == 0 &&
+            dnnl_primitive_create(&e->primitive, pd) == 0;
   const char *impl = nullptr;
-  if (ok && dnnl_primitive_desc_query(pd, kQueryImplInfo, 0, &impl) == 0 && impl) e->impl = impl;
+  if (ok && dnnl_primitive_desc_query(pd, kDnnlQueryImplInfo, 0, &impl) == 0 && impl) e->impl = impl;
   for (size_t i = 0; ok && i < plan.size(); ++i) {
-    const_dnnl_memory_desc_t inner = dnnl_primitive_desc_query_md(pd, kQueryExecArgMd, plan[i].first);
+    const_dnnl_memory_desc_t inner = dnnl_primitive_desc_query_md(pd, kDnnlQueryExecArgMd, plan[i].first);
     e->ports.emplace_back(new Port());
     e->args.push_back(plan[i].first);
     ok = inner != nullptr && e->ports.back()->init(lib, plan[i].second, inner, inputs[i]);
   }
   dnnl_primitive_desc_destroy(pd);
-  return ok ? std::move(e) : nullptr;
+  return ok ? e : nullptr;
 }
 
-Entry *entry(Library &lib, int kind, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k, int64_t s) {
-  static std::mutex mutex;
-  static std::map<Key, std::unique_ptr<Entry>> cache;
+// The cached entry of (kind, shape), built on first use; the least recently used beyond kMaxCachedPrimitives are
+// dropped (a caller still executing one keeps it alive through its shared_ptr). Never destroyed (see library()).
+std::shared_ptr<Entry> entry(Library &lib, int kind, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
+                             int64_t k, int64_t s) {
+  static std::mutex *mutex = new std::mutex();
+  static auto *cache = new std::map<Key, std::pair<std::shared_ptr<Entry>, uint64_t>>();  // -> (entry, last use)
+  static uint64_t clock = 0;
   const Key key{kind, N, C, H, W, O, k, s};
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second.get();
-  std::unique_ptr<Entry> e = build(lib, kind, N, C, H, W, O, k, s);
-  Entry *raw = e.get();
-  if (raw) cache.emplace(key, std::move(e));
-  return raw;
+  std::lock_guard<std::mutex> lock(*mutex);
+  auto it = cache->find(key);
+  if (it != cache->end()) {
+    it->second.second = ++clock;
+    return it->second.first;
+  }
+  std::shared_ptr<Entry> e = build(lib, kind, N, C, H, W, O, k, s);
+  if (!e) return nullptr;
+  if (cache->size() >= kMaxCachedPrimitives) {
+    auto oldest = cache->begin();
+    for (auto c = cache->begin(); c != cache->end(); ++c) {
+      if (c->second.second < oldest->second.second) oldest = c;
+    }
+    cache->erase(oldest);
+  }
+  cache->emplace(key, std::make_pair(e, ++clock));
+  return e;
 }
 
-int execute(Library &lib, Entry *e, const std::vector<void *> &data) {
+int execute(Entry *e, const std::vector<void *> &data) {
   std::lock_guard<std::mutex> lock(e->mutex);
   std::vector<dnnl_exec_arg_t> args;
   for (size_t i = 0; i < e->ports.size(); ++i) {
-    if (!e->ports[i]->bind(lib, data[i])) return kErrLibrary;
+    if (!e->ports[i]->bind(e->stream, data[i])) return kErrLibrary;
     args.push_back({e->args[i], e->ports[i]->arg()});
   }
-  if (dnnl_primitive_execute(e->primitive, lib.stream, static_cast<int>(args.size()), args.data()) != 0) {
+  if (dnnl_primitive_execute(e->primitive, e->stream, static_cast<int>(args.size()), args.data()) != 0) {
     return kErrLibrary;
   }
   for (auto &port : e->ports) {
-    if (!port->finish(lib)) return kErrLibrary;
+    if (!port->finish(e->stream)) return kErrLibrary;
   }
-  return dnnl_stream_wait(lib.stream) == 0 ? kOk : kErrLibrary;
+  return dnnl_stream_wait(e->stream) == 0 ? kOk : kErrLibrary;
 }
 
 bool all_float32(int n, const char **dtypes, int meta_index) {
@@ -421,9 +369,9 @@ int run(int kind, int nparam, void **params, int *ndims, int64_t **shapes, const
   }
   Library &lib = library();
   if (!lib.ok) return kErrLibrary;
-  Entry *e = entry(lib, kind, N, C, H, W, O, k, s);
+  std::shared_ptr<Entry> e = entry(lib, kind, N, C, H, W, O, k, s);
   if (!e) return kErrLibrary;
-  return execute(lib, e, data);
+  return execute(e.get(), data);
 }
 
 }  // namespace
@@ -465,7 +413,7 @@ extern "C" int OneDNNConvImplementation(int kind, int64_t N, int64_t C, int64_t 
     if (!lib.ok || size < 1 || kind < kForward || kind > kBackwardWeights || k < 1 || s < 1 || H < k || W < k) {
       return static_cast<int>(kErrLibrary);
     }
-    Entry *e = entry(lib, kind, N, C, H, W, O, k, s);
+    std::shared_ptr<Entry> e = entry(lib, kind, N, C, H, W, O, k, s);
     if (!e) return static_cast<int>(kErrLibrary);
     std::strncpy(out, e->impl.c_str(), static_cast<size_t>(size - 1));
     out[size - 1] = '\0';

@@ -47,8 +47,12 @@ def onednn_library() -> str:
 
 
 def _link_args() -> list:
+    """Link MindSpore's libdnnl (resolved through an rpath at load time); its size and mtime enter the cache key as
+    a define, so a MindSpore upgrade in place rebuilds the kernel."""
     path = onednn_library()
-    return [path, f"-Wl,-rpath,{os.path.dirname(path)}"]
+    st = os.stat(path)
+    return [path, f"-Wl,-rpath,{os.path.dirname(path)}", "-Wl,--no-undefined",
+            f"-DSBX_DNNL_ID={st.st_size}_{int(st.st_mtime)}"]
 
 
 LINK_ARGS.setdefault(KERNEL, _link_args)
@@ -62,8 +66,8 @@ def implementation(kind: int, n: int, c: int, h: int, w: int, o: int, k: int, s:
     fn.argtypes = [ctypes.c_int] + [ctypes.c_int64] * 7 + [ctypes.c_char_p, ctypes.c_int64]
     out = ctypes.create_string_buffer(256)
     if fn(int(kind), n, c, h, w, o, k, s, out, 256) != 0:
-        raise CustomOpError(f"custom op {KERNEL!r}: oneDNN has no convolution for N={n} C={c} {h}x{w} -> {o}, "
-                            f"k={k}, s={s}")
+        raise CustomOpError(f"custom op {KERNEL!r}: MindSpore's oneDNN is not a usable version (3.x with the "
+                            f"threadpool runtime) or has no convolution for N={n} C={c} {h}x{w} -> {o}, k={k}, s={s}")
     return out.value.decode()
 
 
@@ -79,9 +83,13 @@ _BACKWARD_DATA = None
 _BACKWARD_WEIGHTS = None
 
 
+_BACKWARD_LIBRARY = None
+
+
 def _make_backward_ops(so: str) -> None:
-    global _BACKWARD_DATA, _BACKWARD_WEIGHTS
-    if _BACKWARD_DATA is None:
+    global _BACKWARD_DATA, _BACKWARD_WEIGHTS, _BACKWARD_LIBRARY
+    if _BACKWARD_LIBRARY != so:  # (first use, or the library moved: a changed CXX or cache; graphs compile anew)
+        _BACKWARD_LIBRARY = so
         _BACKWARD_DATA = ops.Custom(f"{so}:OneDNNConvBackwardData", out_shape=lambda dy, w, x, meta: x,
                                     out_dtype=_float32, func_type="aot")
         _BACKWARD_WEIGHTS = ops.Custom(f"{so}:OneDNNConvBackwardWeights",
@@ -99,6 +107,27 @@ def _bprop_weights_only(x, w, b, meta, out, dout):
     """As :func:`_bprop` with a zero input gradient (``input_grad=False``: nothing needs it)."""
     dw, db = _BACKWARD_WEIGHTS(x, dout, w, meta)
     return ops.zeros_like(x), dw, db, ops.zeros_like(meta)
+
+
+def slow_passes(cnns, batch: int = 2) -> list:
+    """The passes of the NatureCNNs' convolutions for which oneDNN has only its reference code on this CPU (what
+    MindSpore's own Conv2D runs), e.g. ``['backward_weights 4->32 8x8/4 on 84x84']``; empty when all have compiled
+    code. Builds the kernel (CustomOpError if it cannot be built or oneDNN is unusable)."""
+    names = {FORWARD: "forward", BACKWARD_DATA: "backward_data", BACKWARD_WEIGHTS: "backward_weights"}
+    slow, seen = [], set()
+    for cnn in cnns:
+        c, h, w = cnn.image_shape
+        for i, layer in enumerate(cnn.layers()):
+            k, s, o = layer.kernel, layer.stride, layer.out_channels
+            kinds = (FORWARD, BACKWARD_DATA, BACKWARD_WEIGHTS) if i > 0 else (FORWARD, BACKWARD_WEIGHTS)
+            for kind in kinds:
+                key = (kind, c, h, w, o, k, s)
+                if key not in seen:
+                    seen.add(key)
+                    if implementation(kind, batch, c, h, w, o, k, s).startswith("ref"):
+                        slow.append(f"{names[kind]} {c}->{o} {k}x{k}/{s} on {h}x{w}")
+            c, h, w = o, (h - k) // s + 1, (w - k) // s + 1
+    return slow
 
 
 class OneDNNConv(nn.Cell):
@@ -127,7 +156,8 @@ class OneDNNConv(nn.Cell):
             if 0 <= h < k or 0 <= wd < k:
                 raise CustomOpError(f"custom op {KERNEL!r}: inputs of {h}x{wd} pixels are smaller than the {k}x{k} "
                                     f"kernel")
-            return (n, w[0], (h - k) // s + 1, (wd - k) // s + 1)
+            # (-1: a size known only at run time, which the kernel checks)
+            return (n, w[0], (h - k) // s + 1 if h >= 0 else -1, (wd - k) // s + 1 if wd >= 0 else -1)
 
         # MindSpore's graph mode keeps one bprop per aot function: each bprop has its own entry point
         symbol, bprop = ("OneDNNConvForward", _bprop) if self.input_grad else \
