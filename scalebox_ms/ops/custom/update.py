@@ -92,7 +92,7 @@ OUTSIDE_THE_UPDATE = frozenset({
     "policy.act_kernel",  # the acting call
     # the image feature extractor: _describe refuses models with one (and the multi-discrete/binary heads)
     "policy.features", "policy.share_features", "policy.cnn_channels", "policy.cnn_features_dim",
-    "policy.conv_kernel",
+    "policy.conv_kernel", "policy.conv_backend",
 })
 
 
