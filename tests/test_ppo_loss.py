@@ -2,6 +2,7 @@
 import mindspore as ms
 import numpy as np
 import pytest
+from mindspore import ops
 
 from scalebox_ms.config import Config
 from scalebox_ms.models import SpaceSpec, build_model
@@ -141,6 +142,29 @@ def test_clip_grad_norm_matches_torch_semantics():
         assert float(got_norm.asnumpy()) == pytest.approx(norm, rel=1e-5)
         for o, g in zip(out, grads):
             np.testing.assert_allclose(o.asnumpy(), g * coef, rtol=1e-5, atol=1e-7)
+
+
+def test_global_norm_is_the_update_steps_finite_check_inside_a_graph():
+    """PPOUpdateStep (no AMP) skips a step when the gradients' global norm is not finite: NaN or inf in any one of
+    several gradients makes it so, finite gradients give numpy's norm."""
+    from scalebox_ms.ops import global_norm
+
+    @ms.jit
+    def check(a, b):
+        norm = global_norm((a * 2, b))
+        return norm, ops.isfinite(norm)
+
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=4).astype(np.float32)
+    norm, finite = check(ms.Tensor(a), ms.Tensor(b))
+    assert bool(finite.asnumpy())
+    assert float(norm.asnumpy()) == pytest.approx(np.sqrt(((2.0 * a) ** 2).sum() + (b ** 2).sum()), rel=1e-6)
+    for bad in (np.inf, -np.inf, np.nan):
+        b2 = b.copy()
+        b2[1] = bad
+        assert not bool(check(ms.Tensor(a), ms.Tensor(b2))[1].asnumpy())
+    big = np.full((3, 2), 3e19, np.float32)  # finite values whose squares overflow float32: counted as not finite
+    assert not bool(check(ms.Tensor(big), ms.Tensor(b))[1].asnumpy())
 
 
 def test_learning_rate_input_reaches_the_optimizer():

@@ -8,7 +8,7 @@ Gaussian action distributions, written as MindSpore ops so they compile into the
 ``custom`` (imported on use): C++ kernels registered with ``ops.Custom(func_type="aot")``, compiled on first use.
 """
 from .assign import AssignParameters
-from .clip import clip_grad_norm
+from .clip import clip_grad_norm, global_norm
 from .distributions import (
     categorical_entropy,
     categorical_log_prob,
@@ -27,6 +27,7 @@ __all__ = [
     "categorical_log_prob",
     "categorical_sample",
     "clip_grad_norm",
+    "global_norm",
     "fused_mlp",
     "gaussian_entropy",
     "gaussian_log_prob",

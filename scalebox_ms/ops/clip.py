@@ -9,10 +9,19 @@ Semantics are torch's ``clip_grad_norm_`` (what SB3 uses): ``g * min(1, max_norm
 from mindspore import ops
 
 
-def clip_grad_norm(grads, max_norm: float):
-    """Return (clipped grads tuple, global L2 norm before clipping)."""
+def global_norm(grads):
+    """The global L2 norm of ``grads`` (float32 scalar). It is not finite iff a gradient holds a NaN or an inf, or
+    the sum of squares overflows float32 (a norm above ~1.8e19): the PPO update without AMP uses it as its
+    finiteness check too."""
     flat = ops.concat([g.reshape(-1) for g in grads])
-    norm = ops.sqrt((flat * flat).sum())
+    return ops.sqrt((flat * flat).sum())
+
+
+def clip_grad_norm(grads, max_norm: float, norm=None):
+    """Return (clipped grads tuple, global L2 norm before clipping); ``norm``: that norm if already computed
+    (:func:`global_norm`)."""
+    if norm is None:
+        norm = global_norm(grads)
     coef = ops.minimum(max_norm / (norm + 1e-6), 1.0)
     return tuple(g * coef for g in grads), norm
 
