@@ -88,8 +88,9 @@ def test_nature_cnn_on_onednn_matches_im2col():
 
     want_out, want_grads = grads(cnn)
     cnn.set_onednn(True)
-    assert all(layer.use_onednn for layer in cnn.layers()) and not cnn.raw_input
+    assert all(layer.use_onednn for layer in cnn.layers()) and cnn.raw_input  # (the first op reads the frames)
     assert [layer.onednn.input_grad for layer in cnn.layers()] == [False, True, True]
+    assert [layer.onednn.pixels for layer in cnn.layers()] == [True, False, False]
     got_out, got_grads = grads(cnn)
     np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-6)
     assert len(got_grads) == len(want_grads) == 8
@@ -97,7 +98,37 @@ def test_nature_cnn_on_onednn_matches_im2col():
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * np.abs(w).max())
     assert np.abs(got_grads[0]).sum() > 0  # the first layer's weight gradient comes through the op's bprop
     cnn.set_onednn(False)
-    assert not any(layer.use_onednn for layer in cnn.layers())
+    assert not any(layer.use_onednn for layer in cnn.layers()) and not cnn.raw_input
+    np.testing.assert_array_equal(ms.jit(cnn.construct)(x).asnumpy(), want_out)
+
+
+@pytest.mark.parametrize("shape,out,k,s", [((3, 4, 36, 40), 8, 8, 4), ((2, 1, 12, 12), 3, 4, 2)])
+def test_pixels_are_cast_and_scaled_inside_the_op(shape, out, k, s):
+    """pixels=True (NatureCNN's first layer): uint8 frames, or float32 pixel values, give bit for bit the output and
+    weight gradients of the float32 op on MindSpore's ``x.astype(float32) * (1 / 255)``; one channel too (NCHW is
+    then already the primitive's layout, the scaling reorder still runs)."""
+    rng = np.random.default_rng(4)
+    frames = rng.integers(0, 256, shape).astype(np.uint8)
+    w = ms.Tensor(rng.standard_normal((out, shape[1], k, k)).astype(np.float32) * 0.1)
+    b = ms.Tensor(rng.standard_normal(out).astype(np.float32))
+    dy = ms.Tensor(rng.standard_normal((shape[0], out, (shape[2] - k) // s + 1,
+                                        (shape[3] - k) // s + 1)).astype(np.float32))
+
+    def run(conv, x):
+        def loss(w, b):
+            return (conv(x, w, b) * dy).sum()
+
+        return [ms.jit(conv)(x, w, b).asnumpy()] + [g.asnumpy() for g in ms.jit(ms.grad(loss, (0, 1)))(w, b)]
+
+    want = run(OneDNNConv(k, s, input_grad=False), ms.Tensor(frames).astype(ms.float32) * (1.0 / 255.0))
+    assert np.abs(want[0]).max() > 0
+    for x in (ms.Tensor(frames), ms.Tensor(frames.astype(np.float32))):
+        for g, r in zip(run(OneDNNConv(k, s, input_grad=False, pixels=True), x), want):
+            np.testing.assert_array_equal(g, r)
+    with pytest.raises(CustomOpError, match="input_grad=False"):
+        OneDNNConv(k, s, pixels=True)
+    with pytest.raises(CustomOpError, match="dtype"):  # uint8 is read as pixels only
+        OneDNNConv(k, s, input_grad=False)(ms.Tensor(frames), w, b)
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN's JIT convolutions checked on x86-64 only")

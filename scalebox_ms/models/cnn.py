@@ -99,19 +99,20 @@ def builtin_patches(model):
     no patches kernel, no oneDNN op): for graphs compiled there, e.g. a MindIR export (an aot kernel's library path
     does not travel with the file).
     Graphs compiled before keep their own choice; the kernels are set back afterwards."""
-    saved = [(cnn, cnn.first.patches, [(layer.onednn, layer.use_onednn) for layer in cnn.layers()])
+    saved = [(cnn, cnn.first.patches, cnn.raw_input, [(layer.onednn, layer.use_onednn) for layer in cnn.layers()])
              for cnn in patch_kernel_cnns(model)]
     try:
-        for cnn, _, _ in saved:
+        for cnn, _, _, _ in saved:
             cnn.set_patch_kernel(None)
             for layer in cnn.layers():
                 layer.use_onednn = False
         yield model
     finally:
-        for cnn, kernel, ops_ in saved:
+        for cnn, kernel, raw, ops_ in saved:
             cnn.set_patch_kernel(kernel)
             for layer, (op, used) in zip(cnn.layers(), ops_):  # (the same op objects: nothing to build again)
                 layer.onednn, layer.use_onednn = op, used
+            cnn.raw_input = raw
 
 
 def conv_output_hw(h: int, w: int):
@@ -144,7 +145,8 @@ class NatureCNN(nn.Cell):
                        else nn.Dense(self.n_flatten, features_dim))
         self.features_dim = int(features_dim)
         self.image_shape = (c, h, w)
-        self.raw_input = False  # True with a patch kernel: construct hands the frames to the first layer as they are
+        # True with a patch kernel or oneDNN: construct hands the frames to the first layer as they are
+        self.raw_input = False
 
     def construct(self, obs):
         if self.raw_input:  # the first layer's kernel reads the frames themselves (uint8 or float pixels)
@@ -173,15 +175,17 @@ class NatureCNN(nn.Cell):
     def set_onednn(self, enabled: bool) -> None:
         """Run the three convolutions as :class:`~scalebox_ms.ops.custom.onednn_conv.OneDNNConv` (oneDNN's own
         forward and backward primitives, CPU; ``policy.conv_backend``), or as before (False). The first layer's
-        input is the observation: its input gradient is not computed. Replaces a patches kernel. Before the model
+        input is the observation: its input gradient is not computed, and it casts and scales the frames itself.
+        Replaces a patches kernel. Before the model
         is compiled: a compiled graph keeps its choice."""
         from ..ops.custom.onednn_conv import OneDNNConv
 
         if enabled:
             self.set_patch_kernel(None)
-        for i, cell in enumerate(self.layers()):
-            cell.onednn = OneDNNConv(cell.kernel, cell.stride, input_grad=i > 0) if enabled else None
+        for i, cell in enumerate(self.layers()):  # the first reads the frames (uint8 or float pixels) itself
+            cell.onednn = OneDNNConv(cell.kernel, cell.stride, input_grad=i > 0, pixels=i == 0) if enabled else None
             cell.use_onednn = bool(enabled)
+        self.raw_input = bool(enabled) or self.first.use_patches
 
     def layers(self) -> list:
         """The three :class:`Conv` cells, in order."""

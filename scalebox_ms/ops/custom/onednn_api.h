@@ -53,6 +53,7 @@ dnnl_status_t dnnl_memory_destroy(dnnl_memory_t memory);
 dnnl_status_t dnnl_primitive_attr_create(dnnl_primitive_attr_t *attr);
 dnnl_status_t dnnl_primitive_attr_destroy(dnnl_primitive_attr_t attr);
 dnnl_status_t dnnl_primitive_attr_set_fpmath_mode(dnnl_primitive_attr_t attr, int mode);
+dnnl_status_t dnnl_primitive_attr_set_scales_mask(dnnl_primitive_attr_t attr, int arg, int mask);
 const_dnnl_memory_desc_t dnnl_primitive_desc_query_md(const_dnnl_primitive_desc_t pd, int what, int index);
 dnnl_status_t dnnl_primitive_desc_query(const_dnnl_primitive_desc_t pd, int what, int index, void *result);
 dnnl_status_t dnnl_primitive_desc_destroy(dnnl_primitive_desc_t pd);
@@ -97,6 +98,7 @@ struct threadpool_iface {
 }  // namespace dnnl
 
 constexpr int kDnnlF32 = 3;                   // dnnl_f32
+constexpr int kDnnlU8 = 6;                    // dnnl_u8
 constexpr int kDnnlFormatAny = 1;             // dnnl_format_tag_any
 constexpr int kDnnlCpu = 1;                   // dnnl_cpu
 constexpr int kDnnlForwardTraining = 64;      // dnnl_forward_training
@@ -107,4 +109,5 @@ constexpr int kDnnlFpmathStrict = 0;          // dnnl_fpmath_mode_strict: no imp
 constexpr unsigned kDnnlRuntimeThreadpool = 8u;  // DNNL_RUNTIME_THREADPOOL (dnnl_version_t::cpu_runtime)
 constexpr int kDnnlIsaAvx512Core = 0x27;      // dnnl_cpu_isa_avx512_core
 constexpr int kDnnlArgSrc = 1, kDnnlArgDst = 17, kDnnlArgWeights = 33, kDnnlArgBias = 41;
+constexpr int kDnnlArgAttrScales = 4096;      // DNNL_ARG_ATTR_SCALES (| the argument it scales)
 constexpr int kDnnlArgDiffSrc = 129, kDnnlArgDiffDst = 145, kDnnlArgDiffWeights = 161, kDnnlArgDiffBias = 169;

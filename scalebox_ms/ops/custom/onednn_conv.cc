@@ -10,15 +10,18 @@
 // and its two backward passes (data and weights), which the Python side (onednn_conv.py) registers as the op's
 // bprop, the way MindSpore registers Conv2DBackpropInput / Conv2DBackpropFilter for Conv2D.
 //
-//   OneDNNConvForward         inputs x (N, C, H, W), w (O, C, k, k), b (O,), meta (2,) int32 = [k, s]
+//   OneDNNConvForward         inputs x (N, C, H, W), w (O, C, k, k), b (O,), meta (3,) int32 = [k, s, pixels]
 //                             output y (N, O, OH, OW), OH = (H - k) / s + 1, OW = (W - k) / s + 1
 //                             (also as OneDNNConvForwardNoInputGrad: the op whose bprop skips the input gradient)
+//                             pixels = 1: x holds pixel values 0..255, uint8 or float32, and the convolution reads
+//                             x / 255 (a first layer on the frames themselves: oneDNN's reorder of x into the
+//                             primitive's layout converts and scales in the same pass); pixels = 0: float32 x
 //   OneDNNConvBackwardData    inputs dy (N, O, OH, OW), w (O, C, k, k), x (N, C, H, W) (its shape only), meta
-//                             output dx (N, C, H, W)
+//                             (pixels = 0: a pixel input has no gradient) output dx (N, C, H, W)
 //   OneDNNConvBackwardWeights inputs x (N, C, H, W), dy (N, O, OH, OW), w (its shape only), meta
 //                             outputs dw (O, C, k, k), db (O,)
 //
-// All float32 (oneDNN's fpmath mode strict). Primitives are created once per shape and kept, the least recently
+// All float32 but a pixel input (oneDNN's fpmath mode strict). Primitives are created once per shape and kept, the least recently
 // used beyond 32 dropped (a mutex guards the cache, another each entry's buffers and stream). oneDNN runs on
 // kernel_threads() threads (threads.h, read once, by the first call) through its threadpool interface, which
 // MindSpore's build of oneDNN uses (DNNL_CPU_RUNTIME=THREADPOOL; another build, or not oneDNN 3, makes every call
@@ -107,7 +110,7 @@ struct Desc {  // an owned memory descriptor
   }
 };
 
-bool plain(Desc &d, std::initializer_list<int64_t> dims) {  // row-major (NCHW / OIHW / X) float32
+bool plain(Desc &d, std::initializer_list<int64_t> dims, int dtype = kDnnlF32) {  // row-major (NCHW / OIHW / X)
   dnnl_dims_t dd = {0}, st = {0};
   int n = 0;
   for (int64_t v : dims) dd[n++] = v;
@@ -116,7 +119,7 @@ bool plain(Desc &d, std::initializer_list<int64_t> dims) {  // row-major (NCHW /
     st[i] = stride;
     stride *= dd[i];
   }
-  return dnnl_memory_desc_create_with_strides(&d.md, n, dd, kDnnlF32, st) == 0;
+  return dnnl_memory_desc_create_with_strides(&d.md, n, dd, dtype, st) == 0;
 }
 
 bool channels_last(Desc &d, int64_t N, int64_t C, int64_t H, int64_t W) {  // NHWC float32
@@ -131,23 +134,37 @@ bool any(Desc &d, std::initializer_list<int64_t> dims) {
   return dnnl_memory_desc_create_with_tag(&d.md, n, dd, kDnnlF32, kDnnlFormatAny) == 0;
 }
 
-// One tensor as MindSpore holds it (plain, the call's pointer) and as the primitive wants it; when the two layouts
-// differ, an owned buffer and the reorder between them.
+// One tensor as MindSpore holds it (plain, the call's pointer) and as the primitive wants it; when the two differ
+// (layout, data type) or an input is scaled, an owned buffer and the reorder between them.
 struct Port {
-  dnnl_memory_t user = nullptr, inner = nullptr;
-  dnnl_primitive_t reorder = nullptr;  // user -> inner for inputs, inner -> user for outputs
+  dnnl_memory_t user = nullptr, inner = nullptr, scale = nullptr;
+  dnnl_primitive_t reorder = nullptr;  // user -> inner for inputs (times scale_value), inner -> user for outputs
   bool input = true;
+  float scale_value = 1.0f;
 
-  bool init(Library &lib, const_dnnl_memory_desc_t user_md, const_dnnl_memory_desc_t inner_md, bool is_input) {
+  bool init(Library &lib, const_dnnl_memory_desc_t user_md, const_dnnl_memory_desc_t inner_md, bool is_input,
+            float input_scale = 1.0f) {
     input = is_input;
+    scale_value = input_scale;
+    const bool scaled = is_input && input_scale != 1.0f;
     if (dnnl_memory_create(&user, user_md, lib.engine, nullptr) != 0) return false;
-    if (dnnl_memory_desc_equal(user_md, inner_md)) return true;
+    if (!scaled && dnnl_memory_desc_equal(user_md, inner_md)) return true;
     if (dnnl_memory_create(&inner, inner_md, lib.engine, kAllocate) != 0) return false;
+    dnnl_primitive_attr_t attr = nullptr;  // the reorder's: dst = src_scale * src (one float32 multiply)
+    if (scaled) {
+      Desc one;
+      if (!plain(one, {1}) || dnnl_memory_create(&scale, one.md, lib.engine, &scale_value) != 0 ||
+          dnnl_primitive_attr_create(&attr) != 0 || dnnl_primitive_attr_set_scales_mask(attr, kDnnlArgSrc, 0) != 0) {
+        if (attr) dnnl_primitive_attr_destroy(attr);
+        return false;
+      }
+    }
     dnnl_primitive_desc_t pd = nullptr;
     const bool made = is_input ? dnnl_reorder_primitive_desc_create(&pd, user_md, lib.engine, inner_md, lib.engine,
-                                                                    nullptr) == 0
+                                                                    attr) == 0
                                : dnnl_reorder_primitive_desc_create(&pd, inner_md, lib.engine, user_md, lib.engine,
-                                                                    nullptr) == 0;
+                                                                    attr) == 0;
+    if (attr) dnnl_primitive_attr_destroy(attr);
     if (!made) return false;
     const bool ok = dnnl_primitive_create(&reorder, pd) == 0;
     dnnl_primitive_desc_destroy(pd);
@@ -157,8 +174,8 @@ struct Port {
   bool bind(dnnl_stream_t stream, void *data) {  // before the primitive: the call's pointer; inputs reordered in
     if (dnnl_memory_set_data_handle(user, data) != 0) return false;
     if (!reorder || !input) return true;
-    dnnl_exec_arg_t args[2] = {{kDnnlArgSrc, user}, {kDnnlArgDst, inner}};
-    return dnnl_primitive_execute(reorder, stream, 2, args) == 0;
+    dnnl_exec_arg_t args[3] = {{kDnnlArgSrc, user}, {kDnnlArgDst, inner}, {kDnnlArgAttrScales | kDnnlArgSrc, scale}};
+    return dnnl_primitive_execute(reorder, stream, scale ? 3 : 2, args) == 0;
   }
   bool finish(dnnl_stream_t stream) {  // after the primitive: an output is reordered out
     if (!reorder || input) return true;
@@ -167,6 +184,7 @@ struct Port {
   }
   ~Port() {
     if (reorder) dnnl_primitive_destroy(reorder);
+    if (scale) dnnl_memory_destroy(scale);
     if (inner) dnnl_memory_destroy(inner);
     if (user) dnnl_memory_destroy(user);
   }
@@ -190,16 +208,17 @@ struct Entry {
   }
 };
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+// (kind, N, C, H, W, O, k, s, pixels, x is uint8)
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 
 // Builds the primitive for `kind` and its ports; nullptr when oneDNN refuses.
 std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
-                             int64_t k, int64_t s) {
+                             int64_t k, int64_t s, bool pixels, bool u8) {
   // oneDNN plans its work split for this many threads (thread-local, so set on every build): the pool's
   dnnl_threadpool_interop_set_max_concurrency(lib.pool->get_num_threads());
   const int64_t oh = (H - k) / s + 1, ow = (W - k) / s + 1;
   Desc x_plain, w_plain, b_plain, y_plain, x_any, w_any, y_any;
-  if (!plain(x_plain, {N, C, H, W}) || !plain(w_plain, {O, C, k, k}) || !plain(b_plain, {O}) ||
+  if (!plain(x_plain, {N, C, H, W}, u8 ? kDnnlU8 : kDnnlF32) || !plain(w_plain, {O, C, k, k}) || !plain(b_plain, {O}) ||
       !plain(y_plain, {N, O, oh, ow}) || !any(x_any, {N, C, H, W}) || !any(w_any, {O, C, k, k}) ||
       !any(y_any, {N, O, oh, ow})) {
     return nullptr;
@@ -213,11 +232,14 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
   }
   std::vector<std::pair<int, const_dnnl_memory_desc_t>> plan;  // (argument, its plain layout), inputs first
   std::vector<bool> inputs;
+  std::vector<float> scales;  // of each port (the pixels' 1/255 on x)
+  const float x_scale = pixels ? 1.0f / 255.0f : 1.0f;
   if (kind == kForward) {
     pd = fwd;
     fwd = nullptr;
     plan = {{kDnnlArgSrc, x_plain.md}, {kDnnlArgWeights, w_plain.md}, {kDnnlArgBias, b_plain.md}, {kDnnlArgDst, y_plain.md}};
     inputs = {true, true, true, false};
+    scales = {x_scale, 1.0f, 1.0f, 1.0f};
   } else if (kind == kBackwardData) {
     if (dnnl_convolution_backward_data_primitive_desc_create(&pd, lib.engine, kDnnlConvolutionDirect, x_any.md, w_any.md,
                                                              y_any.md, strides, dilates, pad, pad, fwd,
@@ -226,6 +248,7 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
     }
     plan = {{kDnnlArgDiffDst, y_plain.md}, {kDnnlArgWeights, w_plain.md}, {kDnnlArgDiffSrc, x_plain.md}};
     inputs = {true, true, false};
+    scales = {1.0f, 1.0f, 1.0f};
   } else {
     // Few input channels (the frames of a first layer): with its own choice of the input's layout oneDNN runs the
     // weight gradient on slow code (jit:avx2 on AVX-512, 42 ms for NatureCNN's first layer at batch 256); given
@@ -241,6 +264,7 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
     plan = {{kDnnlArgSrc, x_plain.md}, {kDnnlArgDiffDst, y_plain.md}, {kDnnlArgDiffWeights, w_plain.md},
             {kDnnlArgDiffBias, b_plain.md}};
     inputs = {true, true, false, false};
+    scales = {x_scale, 1.0f, 1.0f, 1.0f};
   }
   if (fwd) dnnl_primitive_desc_destroy(fwd);
   if (!pd) return nullptr;
@@ -253,7 +277,7 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
     const_dnnl_memory_desc_t inner = dnnl_primitive_desc_query_md(pd, kDnnlQueryExecArgMd, plan[i].first);
     e->ports.emplace_back(new Port());
     e->args.push_back(plan[i].first);
-    ok = inner != nullptr && e->ports.back()->init(lib, plan[i].second, inner, inputs[i]);
+    ok = inner != nullptr && e->ports.back()->init(lib, plan[i].second, inner, inputs[i], scales[i]);
   }
   dnnl_primitive_desc_destroy(pd);
   return ok ? e : nullptr;
@@ -262,18 +286,18 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
 // The cached entry of (kind, shape), built on first use; the least recently used beyond kMaxCachedPrimitives are
 // dropped (a caller still executing one keeps it alive through its shared_ptr). Never destroyed (see library()).
 std::shared_ptr<Entry> entry(Library &lib, int kind, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
-                             int64_t k, int64_t s) {
+                             int64_t k, int64_t s, bool pixels = false, bool u8 = false) {
   static std::mutex *mutex = new std::mutex();
   static auto *cache = new std::map<Key, std::pair<std::shared_ptr<Entry>, uint64_t>>();  // -> (entry, last use)
   static uint64_t clock = 0;
-  const Key key{kind, N, C, H, W, O, k, s};
+  const Key key{kind, N, C, H, W, O, k, s, pixels, u8};
   std::lock_guard<std::mutex> lock(*mutex);
   auto it = cache->find(key);
   if (it != cache->end()) {
     it->second.second = ++clock;
     return it->second.first;
   }
-  std::shared_ptr<Entry> e = build(lib, kind, N, C, H, W, O, k, s);
+  std::shared_ptr<Entry> e = build(lib, kind, N, C, H, W, O, k, s, pixels, u8);
   if (!e) return nullptr;
   if (cache->size() >= kMaxCachedPrimitives) {
     auto oldest = cache->begin();
@@ -302,8 +326,10 @@ int execute(Entry *e, const std::vector<void *> &data) {
   return dnnl_stream_wait(e->stream) == 0 ? kOk : kErrLibrary;
 }
 
-bool all_float32(int n, const char **dtypes, int meta_index) {
+// Every parameter float32 but meta (int32) and a pixel input x (uint8 or float32).
+bool dtypes_ok(int n, const char **dtypes, int meta_index, int x_index, bool pixels) {
   for (int i = 0; i < n; ++i) {
+    if (i == x_index && pixels && std::strcmp(dtypes[i], "uint8") == 0) continue;
     const char *want = i == meta_index ? "int32" : "float32";
     if (std::strcmp(dtypes[i], want) != 0) return false;
   }
@@ -329,9 +355,11 @@ int run(int kind, int nparam, void **params, int *ndims, int64_t **shapes, const
   const int expected = kind == kBackwardWeights ? 6 : 5;
   if (nparam != expected) return kErrParamCount;
   const int meta_at = 3;
-  if (!all_float32(nparam, dtypes, meta_at)) return kErrDtype;
-  if (ndims[meta_at] != 1 || shapes[meta_at][0] != 2) return kErrShape;
+  if (std::strcmp(dtypes[meta_at], "int32") != 0) return kErrDtype;
+  if (ndims[meta_at] != 1 || shapes[meta_at][0] != 3) return kErrShape;
   const int32_t *meta = static_cast<const int32_t *>(params[meta_at]);
+  const bool pixels = meta[2] != 0;
+  if ((meta[2] != 0 && meta[2] != 1) || (pixels && kind == kBackwardData)) return kErrShape;
   int ix, iw, iy;
   if (kind == kForward) {
     ix = 0, iw = 1, iy = 4;
@@ -340,6 +368,8 @@ int run(int kind, int nparam, void **params, int *ndims, int64_t **shapes, const
   } else {
     ix = 0, iw = 2, iy = 1;
   }
+  if (!dtypes_ok(nparam, dtypes, meta_at, ix, pixels)) return kErrDtype;
+  const bool u8 = std::strcmp(dtypes[ix], "uint8") == 0;
   if (ndims[ix] != 4 || ndims[iw] != 4 || ndims[iy] != 4) return kErrShape;
   int64_t d[7];
   if (!conv_shapes(shapes[ix], shapes[iw], shapes[iy], meta, d)) return kErrShape;
@@ -369,7 +399,7 @@ int run(int kind, int nparam, void **params, int *ndims, int64_t **shapes, const
   }
   Library &lib = library();
   if (!lib.ok) return kErrLibrary;
-  std::shared_ptr<Entry> e = entry(lib, kind, N, C, H, W, O, k, s);
+  std::shared_ptr<Entry> e = entry(lib, kind, N, C, H, W, O, k, s, pixels, u8);
   if (!e) return kErrLibrary;
   return execute(e.get(), data);
 }
@@ -377,9 +407,7 @@ int run(int kind, int nparam, void **params, int *ndims, int64_t **shapes, const
 }  // namespace
 
 extern "C" int OneDNNConvForward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                 void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
+                                 void *, void *) {
   return guarded([&] { return run(kForward, nparam, params, ndims, shapes, dtypes); });
 }
 
@@ -391,16 +419,12 @@ extern "C" int OneDNNConvForwardNoInputGrad(int nparam, void **params, int *ndim
 }
 
 extern "C" int OneDNNConvBackwardData(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                      void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
+                                      void *, void *) {
   return guarded([&] { return run(kBackwardData, nparam, params, ndims, shapes, dtypes); });
 }
 
 extern "C" int OneDNNConvBackwardWeights(int nparam, void **params, int *ndims, int64_t **shapes,
-                                         const char **dtypes, void *stream, void *extra) {
-  (void)stream;
-  (void)extra;
+                                         const char **dtypes, void *, void *) {
   return guarded([&] { return run(kBackwardWeights, nparam, params, ndims, shapes, dtypes); });
 }
 

@@ -9,10 +9,13 @@ layouts, so its JIT convolutions run, with the tensors reordered in and out.
 The gradient is not derived by hand: the op's bprop calls oneDNN's backward-data and backward-weights primitives of
 the same convolution (as MindSpore's ``Conv2D`` bprop calls ``Conv2DBackpropInput`` / ``Conv2DBackpropFilter``).
 ``input_grad=False`` (NatureCNN's first layer, whose input is the observation) skips the backward-data pass and
-returns a zero input gradient. Tests compare outputs and every gradient with ``nn.Conv2d``
+returns a zero input gradient. ``pixels=True`` (that first layer) takes the frames themselves, uint8 (or float32
+pixel values), and convolves ``x / 255``: the cast and the scaling happen in oneDNN's reorder of the frames into the
+convolution's layout, which runs anyway, instead of two MindSpore kernels over the whole batch before it. Tests compare outputs and every gradient with ``nn.Conv2d``
 (``tests/test_onednn_conv.py``).
 
-Selected by ``policy.conv_backend`` (:func:`scalebox_ms.trainers.kernels.select_conv_backend`). Float32, CPU only;
+Selected by ``policy.conv_backend`` (:func:`scalebox_ms.trainers.kernels.select_conv_backend`). Float32 (and uint8
+pixels), CPU only;
 exported MindIR policies use MindSpore's ops (:func:`scalebox_ms.models.cnn.builtin_patches`), as an aot library's
 path does not travel with a model file.
 """
@@ -132,9 +135,11 @@ def slow_passes(cnns, batch: int = 2) -> list:
 
 class OneDNNConv(nn.Cell):
     """``(x (N, C, H, W), weight (O, C, k, k), bias (O,)) -> (N, O, OH, OW)``, a valid convolution with stride
-    ``stride``; float32, with a gradient for all three (``input_grad=False``: zeros for ``x``)."""
+    ``stride``; float32, with a gradient for all three (``input_grad=False``: zeros for ``x``). ``pixels=True``: ``x``
+    holds pixel values 0..255 (uint8 or float32) and the op convolves ``x / 255`` (no input gradient: it needs
+    ``input_grad=False``)."""
 
-    def __init__(self, kernel: int, stride: int, input_grad: bool = True):
+    def __init__(self, kernel: int, stride: int, input_grad: bool = True, pixels: bool = False):
         super().__init__(auto_prefix=False)
         target = ms.get_context("device_target")
         if target != "CPU":
@@ -143,8 +148,11 @@ class OneDNNConv(nn.Cell):
         k, s = int(kernel), int(stride)
         if k < 1 or s < 1:
             raise CustomOpError(f"custom op {KERNEL!r}: kernel size and stride must be >= 1, got {k} and {s}")
-        self.k, self.s, self.input_grad = k, s, bool(input_grad)
-        self.meta = Tensor(np.asarray([k, s], np.int32))
+        if pixels and input_grad:
+            raise CustomOpError(f"custom op {KERNEL!r}: a convolution of pixels (x / 255) has no input gradient; "
+                                f"pass input_grad=False")
+        self.k, self.s, self.input_grad, self.pixels = k, s, bool(input_grad), bool(pixels)
+        self.meta = Tensor(np.asarray([k, s, int(self.pixels)], np.int32))
         so = library_path(KERNEL)
         _make_backward_ops(so)
 
