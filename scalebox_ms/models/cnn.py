@@ -176,8 +176,7 @@ class NatureCNN(nn.Cell):
         """Run the three convolutions as :class:`~scalebox_ms.ops.custom.onednn_conv.OneDNNConv` (oneDNN's own
         forward and backward primitives, CPU; ``policy.conv_backend``), or as before (False). The first layer's
         input is the observation: its input gradient is not computed, and it casts and scales the frames itself.
-        Replaces a patches kernel. Before the model
-        is compiled: a compiled graph keeps its choice."""
+        Replaces a patches kernel. Before the model is compiled: a compiled graph keeps its choice."""
         from ..ops.custom.onednn_conv import OneDNNConv
 
         if enabled:

@@ -21,9 +21,9 @@
 //   OneDNNConvBackwardWeights inputs x (N, C, H, W), dy (N, O, OH, OW), w (its shape only), meta
 //                             outputs dw (O, C, k, k), db (O,)
 //
-// All float32 but a pixel input (oneDNN's fpmath mode strict). Primitives are created once per shape and kept, the least recently
-// used beyond 32 dropped (a mutex guards the cache, another each entry's buffers and stream). oneDNN runs on
-// kernel_threads() threads (threads.h, read once, by the first call) through its threadpool interface, which
+// All float32 but a pixel input (oneDNN's fpmath mode strict). Primitives are created once per shape and kept, the
+// least recently used beyond 32 dropped (a mutex guards the cache, another each entry's buffers and stream). oneDNN
+// runs on kernel_threads() threads (threads.h, read once, by the first call) through its threadpool interface, which
 // MindSpore's build of oneDNN uses (DNNL_CPU_RUNTIME=THREADPOOL; another build, or not oneDNN 3, makes every call
 // return kErrLibrary). Returns a Status (status.h): kErrLibrary when oneDNN refuses a primitive; no exception leaves
 // the kernel.
@@ -218,8 +218,8 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
   dnnl_threadpool_interop_set_max_concurrency(lib.pool->get_num_threads());
   const int64_t oh = (H - k) / s + 1, ow = (W - k) / s + 1;
   Desc x_plain, w_plain, b_plain, y_plain, x_any, w_any, y_any;
-  if (!plain(x_plain, {N, C, H, W}, u8 ? kDnnlU8 : kDnnlF32) || !plain(w_plain, {O, C, k, k}) || !plain(b_plain, {O}) ||
-      !plain(y_plain, {N, O, oh, ow}) || !any(x_any, {N, C, H, W}) || !any(w_any, {O, C, k, k}) ||
+  if (!plain(x_plain, {N, C, H, W}, u8 ? kDnnlU8 : kDnnlF32) || !plain(w_plain, {O, C, k, k}) ||
+      !plain(b_plain, {O}) || !plain(y_plain, {N, O, oh, ow}) || !any(x_any, {N, C, H, W}) || !any(w_any, {O, C, k, k}) ||
       !any(y_any, {N, O, oh, ow})) {
     return nullptr;
   }
@@ -232,14 +232,12 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
   }
   std::vector<std::pair<int, const_dnnl_memory_desc_t>> plan;  // (argument, its plain layout), inputs first
   std::vector<bool> inputs;
-  std::vector<float> scales;  // of each port (the pixels' 1/255 on x)
-  const float x_scale = pixels ? 1.0f / 255.0f : 1.0f;
+  const float x_scale = pixels ? 1.0f / 255.0f : 1.0f;  // on the port of x (kDnnlArgSrc): the pixels' 1/255
   if (kind == kForward) {
     pd = fwd;
     fwd = nullptr;
     plan = {{kDnnlArgSrc, x_plain.md}, {kDnnlArgWeights, w_plain.md}, {kDnnlArgBias, b_plain.md}, {kDnnlArgDst, y_plain.md}};
     inputs = {true, true, true, false};
-    scales = {x_scale, 1.0f, 1.0f, 1.0f};
   } else if (kind == kBackwardData) {
     if (dnnl_convolution_backward_data_primitive_desc_create(&pd, lib.engine, kDnnlConvolutionDirect, x_any.md, w_any.md,
                                                              y_any.md, strides, dilates, pad, pad, fwd,
@@ -248,7 +246,6 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
     }
     plan = {{kDnnlArgDiffDst, y_plain.md}, {kDnnlArgWeights, w_plain.md}, {kDnnlArgDiffSrc, x_plain.md}};
     inputs = {true, true, false};
-    scales = {1.0f, 1.0f, 1.0f};
   } else {
     // Few input channels (the frames of a first layer): with its own choice of the input's layout oneDNN runs the
     // weight gradient on slow code (jit:avx2 on AVX-512, 42 ms for NatureCNN's first layer at batch 256); given
@@ -264,7 +261,6 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
     plan = {{kDnnlArgSrc, x_plain.md}, {kDnnlArgDiffDst, y_plain.md}, {kDnnlArgDiffWeights, w_plain.md},
             {kDnnlArgDiffBias, b_plain.md}};
     inputs = {true, true, false, false};
-    scales = {x_scale, 1.0f, 1.0f, 1.0f};
   }
   if (fwd) dnnl_primitive_desc_destroy(fwd);
   if (!pd) return nullptr;
@@ -277,7 +273,8 @@ std::shared_ptr<Entry> build(Library &lib, int kind, int64_t N, int64_t C, int64
     const_dnnl_memory_desc_t inner = dnnl_primitive_desc_query_md(pd, kDnnlQueryExecArgMd, plan[i].first);
     e->ports.emplace_back(new Port());
     e->args.push_back(plan[i].first);
-    ok = inner != nullptr && e->ports.back()->init(lib, plan[i].second, inner, inputs[i], scales[i]);
+    const float scale = plan[i].first == kDnnlArgSrc ? x_scale : 1.0f;
+    ok = inner != nullptr && e->ports.back()->init(lib, plan[i].second, inner, inputs[i], scale);
   }
   dnnl_primitive_desc_destroy(pd);
   return ok ? e : nullptr;
