@@ -26,6 +26,23 @@ sys.path.insert(0, HERE)
 OBS, ACTIONS, HIDDEN = 4, 2, (64, 64)  # CartPole-v1, the presets' 64-64 actor and critic
 
 
+def ensure_fast_blas() -> None:
+    """The peak is numpy's matmul: where OpenBLAS fell back to its pre-AVX kernels on this CPU (doctor's
+    ``numpy-blas`` warning, e.g. on Intel Emerald Rapids with numpy 1.26's OpenBLAS) it would be ~5x too low and
+    every fraction ~5x too high, so run again with the ``OPENBLAS_CORETYPE`` doctor names."""
+    from scalebox_ms.doctor import blas_check, cpu_flags, openblas_core
+
+    check = blas_check(openblas_core(), cpu_flags())
+    if check["status"] == "ok":
+        return
+    core = check["detail"].split("OPENBLAS_CORETYPE=")[1].split()[0]
+    if os.environ.get("OPENBLAS_CORETYPE"):  # already set, and still pre-AVX: do not loop
+        sys.exit(f"peak_fraction.py: numpy's OpenBLAS runs pre-AVX kernels despite OPENBLAS_CORETYPE="
+                 f"{os.environ['OPENBLAS_CORETYPE']}; the peak would be wrong (set OPENBLAS_CORETYPE={core})")
+    print(f"numpy's OpenBLAS runs pre-AVX kernels here; running again with OPENBLAS_CORETYPE={core}", flush=True)
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "OPENBLAS_CORETYPE": core})
+
+
 def peak_flops(n: int, repeats: int = 5) -> float:
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
@@ -69,6 +86,7 @@ def main() -> None:
                     help="the acting call inside the compiled rollout: MindSpore ops or the fused C++ kernel")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "peak_fraction.json"))
     args = ap.parse_args()
+    ensure_fast_blas()
     from native_throughput import run
 
     from scalebox_ms.fileio import atomic_write_json
