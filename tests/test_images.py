@@ -398,6 +398,30 @@ def test_atari_preprocessing_training_and_evaluation_variants():
         evaluation.close()
 
 
+def test_atari_seeded_reset_restarts_the_game_whatever_was_played_before():
+    """make_vec_env's probe step (a random action) and any game in progress must not carry into a seeded reset:
+    EpisodicLife used to continue a running game instead (SB3's EpisodicLifeEnv), so a seeded PPO run on Atari
+    started from a different state in every process."""
+    fresh = make_vec_env(BREAKOUT, 2, preprocess="auto")
+    played = make_vec_env(BREAKOUT, 2, preprocess="auto")
+    try:
+        expected, _ = fresh.reset(seed=7)
+        played.reset(seed=1)
+        for a in np.random.default_rng(3).integers(0, 4, (40, 2)):
+            played.step(a)
+        got, _ = played.reset(seed=7)
+        np.testing.assert_array_equal(got, expected)
+        actions = np.random.default_rng(4).integers(0, 4, (30, 2))
+        for a in actions:  # and the games go on the same way
+            np.testing.assert_array_equal(played.step(a)[0], fresh.step(a)[0])
+        # an unseeded reset after a lost life still continues the game (the training episode is one life)
+        env = played.envs[0]
+        assert not env.get_wrapper_attr("game_over")
+    finally:
+        fresh.close()
+        played.close()
+
+
 def test_atari_preprocess_on_a_non_atari_env_is_one_line():
     with pytest.raises(ConfigError, match=r"env.preprocess: atari needs an ale-py env id"):
         make_vec_env("CartPole-v1", 1, preprocess="atari")

@@ -109,7 +109,11 @@ def game_end(info: dict) -> dict:
 
 
 class EpisodicLife(_gym_wrapper()):
-    """A lost life is a terminal state for training; the game itself goes on (reset = one no-op step)."""
+    """A lost life is a terminal state for training; the game itself goes on (reset = one no-op step).
+
+    A reset with a ``seed`` (or ``options``) always restarts the game: gymnasium's meaning of a seeded reset, and
+    what makes a seeded run reproducible (SB3's ``EpisodicLifeEnv`` ignores the seed unless the game is over, so a
+    step taken before the seeded reset, e.g. a probe step, would carry into the run)."""
 
     def __init__(self, env):
         super().__init__(env)
@@ -127,7 +131,7 @@ class EpisodicLife(_gym_wrapper()):
 
     def reset(self, **kwargs):
         ended = {}
-        if self.game_over:
+        if self.game_over or kwargs.get("seed") is not None or kwargs.get("options"):
             obs, info = self.env.reset(**kwargs)
         else:
             obs, _, terminated, truncated, info = self.env.step(0)
