@@ -390,9 +390,11 @@ def test_export_of_multidiscrete_actions_mindir_evaluation_and_int8_refusal(tmp_
         path = str(tmp_path / "policy.mindir")
         sc = export_mindir(tr, path)
         assert sc["action_space"] == {"type": "MultiDiscrete", "nvec": [3, 2], "start": [1, 0]}
-        obs = np.random.default_rng(0).uniform(-1, 1, (32, 2)).astype(np.float32)
         policy = MindIRPolicy(path)
-        np.testing.assert_array_equal(policy.env_actions(policy(obs)), tr.predict(obs))
+        rng = np.random.default_rng(0)
+        for n in (32, 5, 1, 40):  # one loaded graph, batches of any size (ops.stack kept the first call's)
+            obs = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
+            np.testing.assert_array_equal(policy.env_actions(policy(obs)), tr.predict(obs))
         returns = evaluate_mindir(path, episodes=4)
         assert len(returns) == 4 and np.mean(returns) == np.mean(evaluate_policy(tr, episodes=4))
         with pytest.raises(ConfigError, match="quantize: the INT8 policy implements Discrete and Box actions, not "

@@ -47,9 +47,15 @@ def gaussian_sample(mean, log_std, normal_noise):
 
 
 # -- MultiDiscrete: independent Categoricals over column segments of one logits row ---------------------------
+def _as_columns(columns):
+    """(B,) tensors -> (B, len(columns)). Not ``ops.stack``: in an exported MindIR with a dynamic batch, Stack keeps
+    the batch size of the first call (later calls got that many rows, cut or garbage)."""
+    return ops.concat([ops.expand_dims(c, 1) for c in columns], 1)
+
+
 def multi_categorical_sample(logits, gumbel_noise, segments):
     """(B, len(segments)) int32: Gumbel-max per component; ``segments`` are static (start, end) column pairs."""
-    return ops.stack([categorical_sample(logits[:, s:e], gumbel_noise[:, s:e]) for s, e in segments], 1)
+    return _as_columns([categorical_sample(logits[:, s:e], gumbel_noise[:, s:e]) for s, e in segments])
 
 
 def multi_categorical_log_prob(logits, actions, segments):
@@ -70,7 +76,7 @@ def multi_categorical_entropy(logits, segments):
 
 
 def multi_categorical_mode(logits, segments):
-    return ops.stack([ops.argmax(logits[:, s:e], -1).astype(ms.int32) for s, e in segments], 1)
+    return _as_columns([ops.argmax(logits[:, s:e], -1).astype(ms.int32) for s, e in segments])
 
 
 # -- MultiBinary: independent Bernoullis with logits l, p = sigmoid(l) ----------------------------------------
