@@ -9,6 +9,7 @@
 * ``MultiBinaryMatch-v0`` -- Box(3,) observation; MultiBinary(3) action; reward 1 per bit equal to obs[i] > 0,
   8 steps (best return 24).
 * ``WordsObs-v0`` -- a Dict observation with a Text part, which scalebox_ms cannot encode (for error tests).
+* ``OffSpaceObs-v0`` -- a Dict observation whose Discrete part is out of its space from the first reset on.
 * ``InfoSteps-v0`` -- Box(1,) observation, two actions, 3 steps per episode; ``info`` holds the step count, the
   last step adds ``ended`` (for the vector envs' info batching).
 """
@@ -91,6 +92,21 @@ class WordsObs(_Steps):
         return 0
 
 
+class OffSpaceObs(_Steps):
+    """Its Discrete part returns 7, outside Discrete(2), from the first reset on (for error tests)."""
+    observation_space = spaces.Dict({"position": spaces.Box(-1.0, 1.0, (1,), np.float32), "flag": spaces.Discrete(2)})
+    action_space = spaces.Discrete(2)
+
+    def _draw(self):
+        return 0
+
+    def _obs(self):
+        return {"position": np.zeros(1, np.float32), "flag": 7}
+
+    def _reward(self, action):
+        return 0
+
+
 class InfoSteps(gym.Env):
     observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
     action_space = spaces.Discrete(2)
@@ -107,6 +123,7 @@ class InfoSteps(gym.Env):
 
 
 for _name, _cls in (("DictMatch-v0", DictMatch), ("MultiDiscreteMatch-v0", MultiDiscreteMatch),
-                    ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs), ("InfoSteps-v0", InfoSteps)):
+                    ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs), ("InfoSteps-v0", InfoSteps),
+                    ("OffSpaceObs-v0", OffSpaceObs)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=f"{__name__}:{_cls.__name__}")

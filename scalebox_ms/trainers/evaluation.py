@@ -26,7 +26,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..config_yaml import first_line
-from ..errors import ScaleboxError, user_code_origin
+from ..errors import ConfigError, ScaleboxError, user_code_origin
 from ..parallel.launcher import beat
 
 
@@ -136,6 +136,23 @@ def _env_call(fn, env_id: str, result: Returns, episodes: int, *args, **kwargs):
         raise EvaluationError(f"evaluation of {env_id!r}: the env raised {type(exc).__name__}"
                               f"{user_code_origin(exc)}: {message} ({len(result)} of {episodes} episodes done)",
                               result) from exc
+
+
+def check_evaluation_env(trainer) -> None:
+    """Where training and evaluation envs differ (``env.backend`` envpool or native trains on its own engine,
+    evaluation plays gymnasium's env of the same ``env.id``/``env.kwargs``), make sure gymnasium can build that env
+    before a run starts, so a finished training run does not fail at its evaluation. ConfigError otherwise."""
+    from ..envs import make_vec_env
+
+    cfg, run = trainer.config.env, trainer.config.run
+    if cfg.backend == "gymnasium" or (run.eval_episodes <= 0 and run.eval_every <= 0):
+        return
+    try:
+        env = make_vec_env(cfg.id, 1, cfg.kwargs, preprocess=cfg.preprocess, evaluation=True)
+    except ConfigError as exc:
+        raise ConfigError(f"env.backend: {cfg.backend} trains on its own envs but evaluation plays gymnasium's, "
+                          f"and gymnasium cannot: {exc} (or set run.eval_episodes=0 and run.eval_every=0)") from None
+    env.close()
 
 
 def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, deterministic: bool = True,

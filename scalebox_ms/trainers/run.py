@@ -318,6 +318,9 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
     stopper = StopOnSignal(log)
     try:
         cfg = trainer.config  # (under a user's msrun line: parallel.workers = the detected world size)
+        from .evaluation import check_evaluation_env
+
+        check_evaluation_env(trainer)
         if distributed:
             from ..parallel.launcher import write_rank_pid
 
@@ -331,6 +334,9 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
                 truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
                 log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(prefix)}")
         else:
+            # the envs' first (seeded) reset, without training: an env whose first observations do not fit its
+            # spaces fails here, before the run directory is written
+            trainer.learn(until=0)
             if trainer.dist.is_main:  # data parallel: the run directory is rank 0's to write
                 try:
                     os.makedirs(run_dir, exist_ok=True)
@@ -349,7 +355,6 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
                     if created:
                         shutil.rmtree(run_dir, ignore_errors=True)
                     raise ConfigError(f"--run-dir {run_dir}: cannot write ({exc.strerror})") from None
-            trainer.learn(until=0)  # resets the envs (seeded) without training
             if trainer.dist.is_main:
                 trainer.save(checkpoint_prefix(os.path.join(run_dir, "checkpoints"), 0))  # resumable from here on
                 log(f"run directory: {run_dir}  (device {trainer.sandbox.device}"
@@ -429,6 +434,9 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         except EvaluationError as exc:
             rets, eval_error = exc.returns, str(exc)
             log(f"warning: {eval_error}")
+        except ConfigError as exc:  # its env cannot be built (checked at the start; the env may have changed)
+            rets, eval_error = [], str(exc)
+            log(f"warning: evaluation: {eval_error}")
         summary.update({"eval_mean_return": float(np.mean(rets)) if len(rets) else None,
                         "eval_std_return": float(np.std(rets)) if len(rets) else None,
                         "eval_episodes": len(rets), "eval_replayed_episodes": getattr(rets, "replayed", 0),
