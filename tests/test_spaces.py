@@ -426,6 +426,48 @@ def test_custom_env_module_that_cannot_be_imported_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+_BROKEN_MODULE = '''
+import gymnasium as gym
+from gymnasium import spaces
+
+{top}
+
+class Raises(gym.Env):
+    def __init__(self):
+        raise RuntimeError("cannot open device /dev/foo")
+
+class NoSpaces(gym.Env):
+    def reset(self, *, seed=None, options=None):
+        return 0, {{}}
+
+gym.register("Raises-v0", entry_point=__name__ + ":Raises")
+gym.register("NoSpaces-v0", entry_point=__name__ + ":NoSpaces")
+gym.register("Missing-v0", entry_point=__name__ + ":DoesNotExist")
+'''
+
+
+@pytest.mark.parametrize("top, env_id, culprit", [
+    ("raise RuntimeError('boom at import')", "{m}:Raises-v0",
+     "env.id: '{m}:Raises-v0': importing '{m}' raised RuntimeError ({m}.py:5 in <module>): boom at import"),
+    ("def broken(:", "{m}:Raises-v0", "importing '{m}' raised SyntaxError"),
+    ("", ":Raises-v0", "env.id: ':Raises-v0': expected 'module:EnvName-v0'"),
+    ("", "{m}:Raises-v0", "cannot create '{m}:Raises-v0': RuntimeError ({m}.py:9 in __init__): cannot open device"),
+    ("", "{m}:NoSpaces-v0", "cannot create '{m}:NoSpaces-v0': AttributeError: The environment must specify"),
+    ("", "{m}:Missing-v0", "cannot create '{m}:Missing-v0': AttributeError: module '{m}' has no attribute"),
+], ids=["import-raises", "syntax-error", "no-module-name", "constructor-raises", "no-spaces", "no-such-class"])
+def test_a_broken_env_module_or_constructor_is_a_config_error_naming_it(tmp_path, monkeypatch, top, env_id,
+                                                                        culprit):
+    """Any exception of the user's env module (at import or in the constructor) used to escape as a traceback."""
+    from scalebox_ms.envs import make_vec_env
+
+    name = f"broken_env_{len(top)}_{abs(hash(env_id)) % 10_000}"  # a fresh module per case
+    (tmp_path / f"{name}.py").write_text(_BROKEN_MODULE.format(top=top))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        make_vec_env(env_id.format(m=name), 1)
+    assert culprit.format(m=name) in str(info.value) and "\n" not in str(info.value)
+
+
 def test_predict_names_an_observation_of_the_wrong_shape_or_a_missing_part():
     """A wrong shape used to fail inside MindSpore's graph compile (an analyzer dump, analyze_fail.ir written into
     the working directory, "MatMul ... x1_col: 3 and x2_row: 4"); now one line names the part and the shapes."""

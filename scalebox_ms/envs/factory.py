@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import ConfigError, short_repr
+from ..errors import ConfigError, short_repr, user_code_origin
 from .spaces import SpaceSpec
 
 
@@ -70,10 +70,15 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     registered_id = env_id
     if ":" in env_id:  # gymnasium's "module:Env-v0": import the module that registers the env
         module, registered_id = env_id.split(":", 1)
+        if not module or not registered_id:
+            raise ConfigError(f"env.id: {short_repr(env_id)}: expected 'module:EnvName-v0'")
         try:
             importlib.import_module(module)
         except ImportError as exc:
             raise ConfigError(f"env.id: {short_repr(env_id)}: cannot import {module!r} ({exc})") from None
+        except Exception as exc:  # the user's module fails while it is imported (any error of theirs)
+            raise ConfigError(f"env.id: {short_repr(env_id)}: importing {module!r} raised {type(exc).__name__}"
+                              f"{user_code_origin(exc)}: {_first_line(exc)}") from None
     if atari.is_atari(env_id):
         atari.import_ale()
     try:
@@ -103,6 +108,9 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({_first_line(exc)})") from None
     except (gym.error.Error, TypeError, ValueError) as exc:
         raise ConfigError(f"env.id: cannot create {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} ({_first_line(exc)})") from None
+    except Exception as exc:  # the env's own constructor (or its entry point) failed: name it and where
+        raise ConfigError(f"env.id: cannot create {short_repr(env_id)}: {type(exc).__name__}{user_code_origin(exc)}: "
+                          f"{_first_line(exc)}") from None
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if AutoresetMode(autoreset) != AutoresetMode.NEXT_STEP:
         env.close()
