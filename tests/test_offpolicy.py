@@ -181,12 +181,19 @@ def _vec(cfg, num_envs):
     return cfg
 
 
+def _native(cfg):
+    cfg.env.backend = "native"
+    return cfg
+
+
 @pytest.mark.parametrize("make", [dqn_config, lambda: _vec(sac_config(train_freq=4, gradient_steps=2), 4),
-                                  lambda: _vec(sac_config("td3", action_noise=0.1, train_freq=4, gradient_steps=2), 4)],
-                         ids=["dqn", "sac", "td3"])
+                                  lambda: _vec(sac_config("td3", action_noise=0.1, train_freq=4, gradient_steps=2), 4),
+                                  lambda: _native(_vec(sac_config(train_freq=4, gradient_steps=2), 2))],
+                         ids=["dqn", "sac", "td3", "sac-native"])
 def test_until_then_resume_is_bit_identical(make, tmp_path, monkeypatch):
     """(SAC/TD3 on 4 envs: replay adds of several rows per step, and a quarter of the acting calls; the pause falls
-    inside every env's first Pendulum episode. Iterations of at least 200 env steps, so the run has several.)"""
+    inside every env's first Pendulum episode. Iterations of at least 200 env steps, so the run has several.
+    Native: the compiled training cycle steps the env's own Parameters, which a resume must refill, not replace.)"""
     from scalebox_ms.trainers import checkpoint
 
     monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 200)

@@ -34,8 +34,13 @@ def capture(env) -> Optional[Any]:
 def restore(current_env, state):
     """Return the env to continue with (``current_env`` updated in place, or the unpickled one)."""
     if state["kind"] == "whole":
+        restored = state["env"]
+        if (hasattr(current_env, "take_state") and type(restored) is type(current_env)
+                and (restored.env_id, restored.num_envs) == (current_env.env_id, current_env.num_envs)):
+            current_env.take_state(restored)  # (native envs: graphs hold the running env's Parameters)
+            return current_env
         current_env.close()
-        return state["env"]
+        return restored
     if state["kind"] == "sync_subenvs":
         for e in current_env.envs:
             e.close()

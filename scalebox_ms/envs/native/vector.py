@@ -132,6 +132,18 @@ class NativeVectorEnv:
     def state(self) -> np.ndarray:
         return self._step.state.asnumpy().copy()
 
+    def take_state(self, other: "NativeVectorEnv") -> None:
+        """Continue ``other``'s episodes (same env id and size; e.g. one unpickled from a checkpoint) in this env's
+        own Parameters and generator, so graphs compiled against them (PPO's compiled rollout, the off-policy
+        training cycle) go on stepping the restored episodes."""
+        import mindspore as ms
+
+        if (other.env_id, other.num_envs) != (self.env_id, self.num_envs):
+            raise ValueError(f"take_state: {other.env_id} x {other.num_envs} into {self.env_id} x {self.num_envs}")
+        self.rng.bit_generator.state = other.rng.bit_generator.state
+        self._reset(ms.Tensor(other._step.state.asnumpy()), ms.Tensor(other._step.steps.asnumpy()),
+                    ms.Tensor(other._step.needs_reset.asnumpy()))
+
     def __getstate__(self):
         return {"env_id": self.env_id, "num_envs": self.num_envs, "rng": self.rng.bit_generator.state,
                 "state": self._step.state.asnumpy(), "steps": self._step.steps.asnumpy(),
