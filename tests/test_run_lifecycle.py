@@ -362,3 +362,34 @@ def test_a_checkpoint_write_that_fails_leaves_the_previous_one_latest(tmp_path, 
     assert not os.path.exists(ckpt(run_dir, 128, ".ckpt"))
     monkeypatch.setattr(CheckpointSaver, "save", real_save)
     assert train_run(resume=str(run_dir), log=quiet)["global_step"] == 256
+
+
+def test_replay_file_writer_round_trips_and_fails_without_a_stray_traceback(tmp_path):
+    """The replay buffer's .npz: numpy.load reads it back; a write that fails (file size limit, a full disk)
+    raises OSError and leaves no half-closed zip archive behind for the garbage collector (np.savez on a file
+    object did: "Exception ignored ... seek of closed file" after the one-line error)."""
+    import gc
+    import sys
+
+    import numpy as np
+
+    from scalebox_ms.trainers.checkpoint import write_npz
+
+    arrays = {"obs": np.arange(12, dtype=np.float32).reshape(4, 3), "action": np.array([1, 0, 1, 1], np.int32)}
+    write_npz(str(tmp_path / "ok.npz"), arrays)
+    with np.load(tmp_path / "ok.npz") as back:
+        assert sorted(back.files) == ["action", "obs"]
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(back[k], v)
+    unraisable = []
+    old_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))
+    try:
+        with pytest.raises(OSError):
+            write_npz(str(tmp_path / "big.npz"), {"obs": np.zeros(100_000, np.float32)})
+        gc.collect()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        sys.unraisablehook = old_hook
+    assert unraisable == []

@@ -120,8 +120,7 @@ def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, 
         import numpy as np
 
         with atomic_path(prefix + ".replay.npz") as tmp:
-            with open(tmp, "wb") as f:
-                np.savez(f, **replay)
+            write_npz(tmp, replay)
         sidecar["replay_state"] = {"file": os.path.basename(prefix) + ".replay.npz",
                                    "sha256": sha256_file(prefix + ".replay.npz"),
                                    "bytes": os.path.getsize(prefix + ".replay.npz")}
@@ -129,6 +128,20 @@ def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, 
     sidecar["sidecar_sha256"] = sidecar_digest(sidecar)
     atomic_write_json(prefix + ".json", sidecar)
     return prefix + ".json"
+
+
+def write_npz(path: str, arrays: dict) -> None:
+    """``numpy.savez``'s format (uncompressed .npy members; ``numpy.load`` reads it), with the zip archive closed
+    when a write fails: ``np.savez`` on a file object left its half-written ZipFile to the garbage collector, whose
+    ``__del__`` then printed a traceback ("seek of closed file") after the one-line disk-full error."""
+    import zipfile
+
+    import numpy as np
+
+    with open(path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
 
 def resolve_checkpoint(path: str) -> str:
