@@ -221,7 +221,8 @@ class MindIRPolicy:
         if leaves is None:
             obs = np.asarray(obs, np.float32)
             inp = self.sidecar["input"]
-            shape = tuple(inp.get("observation_shape") or inp["shape"][1:])
+            # (a scalar Box observation has observation_shape [], which is not "absent")
+            shape = tuple(inp["observation_shape"] if "observation_shape" in inp else inp["shape"][1:])
             return self.cell(ms.Tensor(batch(obs, shape, flat=tuple(inp["shape"][1:])))).asnumpy()
         tensors = []
         for leaf in leaves:

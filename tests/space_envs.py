@@ -10,6 +10,7 @@
   8 steps (best return 24).
 * ``WordsObs-v0`` -- a Dict observation with a Text part, which scalebox_ms cannot encode (for error tests).
 * ``OffSpaceObs-v0`` -- a Dict observation whose Discrete part is out of its space from the first reset on.
+* ``ScalarObs-v0`` -- a scalar Box observation (shape ``()``), two actions.
 * ``InfoSteps-v0`` -- Box(1,) observation, two actions, 3 steps per episode; ``info`` holds the step count, the
   last step adds ``ended`` (for the vector envs' info batching).
 """
@@ -107,6 +108,21 @@ class OffSpaceObs(_Steps):
         return 0
 
 
+class ScalarObs(_Steps):
+    """A scalar Box observation (shape ()); the right action is obs > 0."""
+    observation_space = spaces.Box(-1.0, 1.0, (), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def _draw(self):
+        return np.float32(self.np_random.uniform(-1, 1))
+
+    def _obs(self):
+        return np.array(self.state, np.float32)
+
+    def _reward(self, action):
+        return int(action) == int(self.state > 0)
+
+
 class InfoSteps(gym.Env):
     observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
     action_space = spaces.Discrete(2)
@@ -124,6 +140,6 @@ class InfoSteps(gym.Env):
 
 for _name, _cls in (("DictMatch-v0", DictMatch), ("MultiDiscreteMatch-v0", MultiDiscreteMatch),
                     ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs), ("InfoSteps-v0", InfoSteps),
-                    ("OffSpaceObs-v0", OffSpaceObs)):
+                    ("OffSpaceObs-v0", OffSpaceObs), ("ScalarObs-v0", ScalarObs)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=f"{__name__}:{_cls.__name__}")

@@ -404,6 +404,25 @@ def test_export_of_multidiscrete_actions_mindir_evaluation_and_int8_refusal(tmp_
         tr.close()
 
 
+def test_export_of_a_scalar_box_observation_takes_one_value_or_a_batch(tmp_path):
+    """observation_shape [] in the sidecar used to be read as absent: MindIRPolicy then wanted (N, 1) and refused
+    what the env returns, (N,) (evaluate --mindir failed)."""
+    from scalebox_ms.export import MindIRPolicy, evaluate_mindir, export_mindir
+
+    tr = PPOTrainer(ppo_config("ScalarObs-v0", 512))
+    try:
+        tr.learn()
+        path = str(tmp_path / "policy.mindir")
+        export_mindir(tr, path)
+        policy = MindIRPolicy(path)
+        obs = np.linspace(-1, 1, 9, dtype=np.float32)
+        np.testing.assert_array_equal(policy.env_actions(policy(obs)), tr.predict(obs))
+        assert policy.env_actions(policy(np.float32(0.3))).tolist() == [tr.predict(np.float32(0.3))]
+        assert len(evaluate_mindir(path, episodes=2)) == 2
+    finally:
+        tr.close()
+
+
 # ---------------------------------------------------------------------------------------------- custom env CLI
 EXAMPLE = os.path.join(REPO, "examples", "custom_env")
 
