@@ -393,3 +393,28 @@ def test_replay_file_writer_round_trips_and_fails_without_a_stray_traceback(tmp_
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         sys.unraisablehook = old_hook
     assert unraisable == []
+
+
+def test_a_signal_during_the_final_evaluation_stops_it_and_the_run_reads_interrupted(tmp_path, monkeypatch):
+    """A signal used to be noted and then ignored while the final evaluation played on (exit 0, "completed").
+    (SIGTERM: an in-process os.kill(SIGINT) reached the handler as SIGTERM under MindSpore here; the CLI's Ctrl-C
+    is SIGINT, tested with a subprocess above.)"""
+    from scalebox_ms.trainers import PPOTrainer
+
+    real_predict, calls = PPOTrainer.predict, []
+
+    def predict(self, obs, *a, **kw):
+        calls.append(1)
+        if len(calls) == 3:  # the evaluation's third step
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_predict(self, obs, *a, **kw)
+
+    monkeypatch.setattr(PPOTrainer, "predict", predict)
+    cfg = small_config(run={"eval_episodes": 20, "total_steps": 128})
+    summary = train_run(cfg, run_dir=str(tmp_path / "run"), log=quiet)
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == "SIGTERM"
+    assert "eval_mean_return" not in summary and len(calls) == 3  # stopped at once, not after 20 episodes
+    assert list_checkpoints(tmp_path / "run" / "checkpoints")[-1].endswith("000000000128")
+    monkeypatch.setattr(PPOTrainer, "predict", real_predict)
+    resumed = train_run(resume=str(tmp_path / "run"), log=quiet)  # evaluates what the interrupted run did not
+    assert resumed["status"] == "completed" and resumed["eval_episodes"] == 20

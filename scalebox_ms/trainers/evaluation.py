@@ -48,6 +48,10 @@ class EvaluationError(ScaleboxError):
         self.returns, self.env_events = returns, returns.env_events
 
 
+class EvaluationInterrupted(ScaleboxError):
+    """``should_stop`` said stop (a signal arrived) before the episodes were done."""
+
+
 def isolation_kwargs(trainer) -> dict:
     """``make_vec_env`` isolation arguments for envs like ``trainer``'s own (see ``PPOTrainer``)."""
     sb = getattr(trainer, "sandbox", None)
@@ -59,14 +63,15 @@ def isolation_kwargs(trainer) -> dict:
 def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndarray], np.ndarray], episodes: int,
                  seed: int = 10_000, max_envs: int = 16, *, isolation: str = "none", step_timeout: float = 10.0,
                  worker_memory_limit: Optional[int] = None, max_restarts: Optional[int] = None,
-                 preprocess: str = "auto") -> Returns:
+                 preprocess: str = "auto", should_stop: Optional[Callable[[], bool]] = None) -> Returns:
     """Play ``episodes`` full episodes with ``act(obs_batch) -> action_batch`` on new vector envs.
 
     Episodes are spread over ``min(episodes, max_envs)`` envs with fixed per-env targets (as SB3's
     ``evaluate_policy``), so short episodes are not over-counted. Returns the undiscounted, unscaled returns.
     ``isolation``/``step_timeout``/``worker_memory_limit`` are passed to ``make_vec_env``; under isolation,
     episodes spoilt by a worker restart are replayed, at most ``max_restarts`` (default ``episodes``) restarts
-    in all (see the module docstring).
+    in all (see the module docstring). ``should_stop`` is asked before every vector step; when it returns True the
+    evaluation raises :class:`EvaluationInterrupted`.
     """
     from ..envs import make_vec_env
 
@@ -87,6 +92,9 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
         obs, _ = _env_call(env.reset, env_id, result, episodes, seed=seed)
         seen = len(events) if events is not None else 0  # restarts before the first episode spoil none
         while (counts < targets).any():
+            if should_stop is not None and should_stop():
+                raise EvaluationInterrupted(f"evaluation of {env_id!r} interrupted ({len(result)} of {episodes} "
+                                            "episodes done)")
             obs, reward, terminated, truncated, _ = _env_call(env.step, env_id, result, episodes, act(obs))
             if events is not None and len(events) > seen:
                 for event in events[seen:]:
@@ -114,7 +122,7 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
         if events is not None:
             result.env_events = list(events)
         return result
-    except EvaluationError:
+    except (EvaluationError, EvaluationInterrupted):
         raise
     except ScaleboxError as exc:  # IsolatedVectorEnv gave up on a sub-env that cannot reset
         if events is not None:
@@ -156,7 +164,8 @@ def check_evaluation_env(trainer) -> None:
 
 
 def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, deterministic: bool = True,
-                    max_envs: int = 16, max_restarts: Optional[int] = None) -> Returns:
+                    max_envs: int = 16, max_restarts: Optional[int] = None,
+                    should_stop: Optional[Callable[[], bool]] = None) -> Returns:
     """Episodes of ``trainer``'s policy on new envs of its ``env.id``/``env.kwargs``, isolated as its own envs
     are (see the module docstring); observations are normalised with the trainer's statistics without updating
     them. Stochastic actions (``deterministic=False``) draw their noise from a Generator seeded from ``seed``,
@@ -166,4 +175,5 @@ def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, determinist
     cfg = trainer.config.env
     rng = None if deterministic else np.random.Generator(np.random.PCG64([seed, 2]))
     return run_episodes(cfg.id, cfg.kwargs, lambda obs: trainer.predict(obs, deterministic=deterministic, rng=rng),
-                        episodes, seed, max_envs, max_restarts=max_restarts, **isolation_kwargs(trainer))
+                        episodes, seed, max_envs, max_restarts=max_restarts, should_stop=should_stop,
+                        **isolation_kwargs(trainer))

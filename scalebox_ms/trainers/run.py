@@ -427,16 +427,22 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     elif (completed or solved) and cfg.run.eval_episodes > 0:
         import numpy as np
 
-        from .evaluation import EvaluationError, evaluate_policy
+        from .evaluation import EvaluationError, EvaluationInterrupted, evaluate_policy
 
         try:  # training and its checkpoint are complete: an evaluation that gives up is recorded, not fatal
-            rets, eval_error = evaluate_policy(trainer, episodes=cfg.run.eval_episodes), None
+            rets, eval_error = evaluate_policy(trainer, episodes=cfg.run.eval_episodes,
+                                               should_stop=lambda: stopper.signum is not None), None
+        except EvaluationInterrupted:  # a signal during the evaluation: stop now, as during training
+            rets = None
         except EvaluationError as exc:
             rets, eval_error = exc.returns, str(exc)
             log(f"warning: {eval_error}")
         except ConfigError as exc:  # its env cannot be built (checked at the start; the env may have changed)
             rets, eval_error = [], str(exc)
             log(f"warning: evaluation: {eval_error}")
+    if stopper.signum is not None and "interrupted_by" not in summary:  # (it came during the evaluation)
+        summary.update(status="interrupted", interrupted_by=stopper.name)
+    elif stopper.signum is None and (completed or solved) and cfg.run.eval_episodes > 0:
         summary.update({"eval_mean_return": float(np.mean(rets)) if len(rets) else None,
                         "eval_std_return": float(np.std(rets)) if len(rets) else None,
                         "eval_episodes": len(rets), "eval_replayed_episodes": getattr(rets, "replayed", 0),
