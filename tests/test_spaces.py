@@ -487,6 +487,30 @@ def test_a_broken_env_module_or_constructor_is_a_config_error_naming_it(tmp_path
     assert culprit.format(m=name) in str(info.value) and "\n" not in str(info.value)
 
 
+def test_predict_and_normalize_obs_take_one_observation_or_a_batch():
+    """normalize_obs treated one Box observation as a batch of scalars ((3,) -> (3, 3) with normalisation) and a
+    Tuple observation had to be a Python tuple for predict (a list, as gymnasium's Tuple.contains accepts, failed
+    with an IndexError)."""
+    box = PPOTrainer(Config.from_dict({"env": {"id": "Pendulum-v1", "num_envs": 2, "normalize_obs": True},
+                                       "run": {"progress": False}}))
+    blackjack = PPOTrainer(Config.from_dict({"env": {"id": "Blackjack-v1", "num_envs": 2}, "run": {"progress": False}}))
+    try:
+        box.learn(total_steps=256)  # (statistics that are not the identity)
+        obs = np.array([[0.5, -0.5, 0.9], [-1.0, 0.2, 3.0]], np.float32)
+        batch = box.normalize_obs(obs)
+        assert batch.shape == (2, 3) and not np.allclose(batch, obs)
+        np.testing.assert_array_equal(box.normalize_obs(obs[1]), batch[1])
+        one = (14, 10, 0)
+        parts = (np.array([14, 20]), np.array([10, 2]), np.array([0, 1]))
+        expected = blackjack.predict(parts)
+        assert blackjack.predict(one) == expected[0]
+        assert blackjack.predict(list(one)) == blackjack.predict(np.array(one)) == expected[0]
+        np.testing.assert_array_equal(blackjack.normalize_obs(list(one)), blackjack.normalize_obs(parts)[0])
+    finally:
+        box.close()
+        blackjack.close()
+
+
 def test_predict_names_an_observation_of_the_wrong_shape_or_a_missing_part():
     """A wrong shape used to fail inside MindSpore's graph compile (an analyzer dump, analyze_fail.ir written into
     the working directory, "MatMul ... x1_col: 3 and x2_row: 4"); now one line names the part and the shapes."""

@@ -109,6 +109,7 @@ class ObsEncoder:
         self.obs_dtype = np.uint8 if self.image else np.float32
         #: a plain Box space: encoding is a float32 cast and a flatten, as it always was
         self.plain = isinstance(space, spaces.Box) and not self.image
+        self.tuple_space = isinstance(space, spaces.Tuple)
         mask = np.zeros(self.obs_dim, bool)
         for leaf in self.leaves:
             if leaf.kind == "box":

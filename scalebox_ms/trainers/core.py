@@ -127,9 +127,29 @@ class Trainer:
         return seed + self.dist.rank * self.num_envs
 
     def normalize_obs(self, obs, update: bool = False) -> np.ndarray:
-        """A batch of observations as the env returns them (arrays, or dicts/tuples of arrays for Dict/Tuple
-        spaces) -> the encoded, normalised float32 (batch, obs_dim) the networks take."""
-        return self.collector.normalize_obs(self.collector.encode(obs), update=update)
+        """One observation or a batch, as the env returns them (arrays, or dicts/tuples of arrays for Dict/Tuple
+        spaces) -> the encoded, normalised float32 ``(obs_dim,)`` or ``(batch, obs_dim)`` the networks take
+        (images: uint8 CHW frames, never normalised)."""
+        batch, single = self._as_batch(obs, "normalize_obs")
+        out = self.collector.normalize_obs(self.collector.encode(batch), update=update)
+        return out[0] if single else out
+
+    def _as_batch(self, obs, what: str):
+        """(batch, single): ``obs`` checked against the observation space and, when it is one observation, given a
+        batch axis (a Tuple observation may also come as a list or a 1-D array of its parts)."""
+        encoder = self.collector.encoder
+        if encoder.plain:
+            obs = np.asarray(obs, np.float32)
+        elif encoder.tuple_space and (isinstance(obs, list) or (isinstance(obs, np.ndarray) and obs.ndim == 1)):
+            obs = tuple(obs)
+        try:
+            single = encoder.is_single(obs)
+        except (KeyError, IndexError, TypeError):
+            single = False  # (a part is missing: check_shapes names it)
+        encoder.check_shapes(obs, single, what)  # (a wrong shape would fail deep inside a graph compile)
+        if single:
+            obs = obs[None] if encoder.plain else _batch_of_one(obs)
+        return obs, single
 
     def _check_horizon(self, total_steps: Optional[int], until: Optional[int]) -> int:
         """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at."""
@@ -164,17 +184,8 @@ class Trainer:
 
         Stochastic actions draw their noise from ``rng``, or from the trainer's own predict stream (seeded from
         ``run.seed``, separate from the training stream)."""
-        encoder = self.collector.encoder
-        if encoder.plain:
-            obs = np.asarray(obs, np.float32)
-        try:
-            single = encoder.is_single(obs)
-        except (KeyError, IndexError, TypeError):
-            single = False  # (a part is missing: check_shapes names it)
-        encoder.check_shapes(obs, single)  # (a wrong shape would fail deep inside a graph compile)
-        if single:
-            obs = obs[None] if encoder.plain else _batch_of_one(obs)
-        batch = self.normalize_obs(obs, update=False)
+        obs, single = self._as_batch(obs, "predict")
+        batch = self.collector.normalize_obs(self.collector.encode(obs), update=False)
         if deterministic:
             actions = self._act_deterministic(batch)
         else:
