@@ -73,6 +73,18 @@ def test_out_of_range_discrete_observation_is_a_one_line_error():
     assert "\n" not in str(e.value)
 
 
+def test_off_space_values_blame_the_env_or_the_caller_and_multibinary_values_are_checked():
+    enc = ObsEncoder(spaces.Dict({"bits": spaces.MultiBinary([2, 3]), "n": spaces.Discrete(3)}), "Bad-v0")
+    ok = {"bits": np.ones((2, 2, 3), np.int8), "n": np.array([0, 2])}
+    assert enc.encode(ok).shape == (2, 9)
+    with pytest.raises(TrainingError, match=r"env 'Bad-v0' returned observation bits = 5 at env index 1, outside its "
+                                            r"space \(multibinary: values 0 or 1\)"):
+        enc.encode({**ok, "bits": np.array([np.ones((2, 3)), np.full((2, 3), 5)], np.int8)})
+    with pytest.raises(ValueError, match=r"^predict: observation n = 9 at index 0 is outside the env's observation "
+                                         r"space \(discrete \[3\], start \[0\]\)$"):
+        enc.encode({**ok, "n": np.array([9, 0])}, "predict")
+
+
 def test_unsupported_observation_part_names_it():
     space = spaces.Dict({"ok": spaces.Discrete(2), "words": spaces.Text(5)})
     with pytest.raises(ConfigError, match=r"observation part words of type Text") as e:

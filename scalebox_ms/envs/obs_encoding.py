@@ -195,8 +195,10 @@ class ObsEncoder:
             out.append(x.astype(np.dtype(leaf.input_dtype), copy=False).reshape((-1,) + leaf.shape))
         return out
 
-    def encode(self, obs) -> np.ndarray:
-        """A batch of observations -> ``float32 (batch, obs_dim)`` (images: ``uint8 (batch, C, H, W)``)."""
+    def encode(self, obs, what: Optional[str] = None) -> np.ndarray:
+        """A batch of observations -> ``float32 (batch, obs_dim)`` (images: ``uint8 (batch, C, H, W)``). A Discrete/
+        MultiDiscrete value outside its space, or a MultiBinary value other than 0/1, is a TrainingError blaming
+        the env, or with ``what`` (the caller's name, e.g. 'predict') a ValueError blaming the argument."""
         if self.image:
             obs = np.asarray(obs, np.uint8)
             return np.ascontiguousarray(obs.transpose(0, 3, 1, 2)) if self.channels_last else obs
@@ -211,6 +213,12 @@ class ObsEncoder:
             if leaf.kind == "image":
                 out[:, cols] = pack_pixels(x.transpose(0, 3, 1, 2) if leaf.channels_last else x)
                 continue
+            if leaf.kind == "multibinary":
+                flat = x.reshape(B, -1)
+                off = (flat != 0) & (flat != 1)
+                if off.any():
+                    bad = np.argwhere(off)[0]
+                    self._off_space(what, leaf, flat[tuple(bad)], int(bad[0]), "multibinary: values 0 or 1")
             if leaf.kind in ("box", "multibinary"):
                 out[:, cols] = x.reshape(B, -1)
                 continue
@@ -218,12 +226,20 @@ class ObsEncoder:
             bounds = np.asarray(leaf.nvec, np.int64)
             if (idx < 0).any() or (idx >= bounds).any():
                 bad = np.argwhere((idx < 0) | (idx >= bounds))[0]
-                raise TrainingError(f"env {self.env_id!r} returned observation {leaf.name} = "
-                                    f"{int(idx[tuple(bad)] + leaf.start[bad[1]])} at env index {int(bad[0])}, "
-                                    f"outside its space ({leaf.kind} {list(leaf.nvec)}, start {list(leaf.start)})")
+                self._off_space(what, leaf, int(idx[tuple(bad)] + leaf.start[bad[1]]), int(bad[0]),
+                                f"{leaf.kind} {list(leaf.nvec)}, start {list(leaf.start)}")
             col0 = leaf.offset + np.concatenate([[0], np.cumsum(bounds)[:-1]])
             out[np.arange(B)[:, None], col0[None, :] + idx] = 1.0
         return out
+
+    def _off_space(self, what: Optional[str], leaf, value, row: int, space: str) -> None:
+        value = value.item() if hasattr(value, "item") else value
+        value = int(value) if isinstance(value, float) and value.is_integer() else value
+        if what is None:
+            raise TrainingError(f"env {self.env_id!r} returned observation {leaf.name} = {value} at env index {row}, "
+                                f"outside its space ({space})")
+        raise ValueError(f"{what}: observation {leaf.name} = {value} at index {row} is outside the env's observation "
+                         f"space ({space})")
 
     def describe(self) -> Optional[list]:
         """The leaves as JSON (None for a plain Box space): what an exported policy's inputs are."""

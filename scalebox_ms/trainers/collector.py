@@ -78,9 +78,10 @@ class RolloutCollector:
         self.ep_length = np.zeros(num_envs, np.int64)
 
     # ------------------------------------------------------------------ observations and actions
-    def encode(self, obs) -> np.ndarray:
-        """A batch of observations as the env returns them -> float32 (batch, obs_dim) (:mod:`..envs.obs_encoding`)."""
-        return self.encoder.encode(obs)
+    def encode(self, obs, what: Optional[str] = None) -> np.ndarray:
+        """A batch of observations as the env returns them -> float32 (batch, obs_dim) (:mod:`..envs.obs_encoding`;
+        ``what``: the caller that passed ``obs``, blamed instead of the env for a value outside the space)."""
+        return self.encoder.encode(obs, what)
 
     def normalize_obs(self, obs: np.ndarray, update: bool = False) -> np.ndarray:
         """Normalise an encoded (batch, obs_dim) batch (unchanged without ``env.normalize_obs``, and images)."""

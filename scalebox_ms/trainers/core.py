@@ -131,7 +131,7 @@ class Trainer:
         spaces) -> the encoded, normalised float32 ``(obs_dim,)`` or ``(batch, obs_dim)`` the networks take
         (images: uint8 CHW frames, never normalised)."""
         batch, single = self._as_batch(obs, "normalize_obs")
-        out = self.collector.normalize_obs(self.collector.encode(batch), update=update)
+        out = self.collector.normalize_obs(self.collector.encode(batch, "normalize_obs"), update=update)
         return out[0] if single else out
 
     def _as_batch(self, obs, what: str):
@@ -185,7 +185,7 @@ class Trainer:
         Stochastic actions draw their noise from ``rng``, or from the trainer's own predict stream (seeded from
         ``run.seed``, separate from the training stream)."""
         obs, single = self._as_batch(obs, "predict")
-        batch = self.collector.normalize_obs(self.collector.encode(obs), update=False)
+        batch = self.collector.normalize_obs(self.collector.encode(obs, "predict"), update=False)
         if deterministic:
             actions = self._act_deterministic(batch)
         else:
