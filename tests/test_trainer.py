@@ -49,6 +49,10 @@ def test_callback_can_stop_and_until_pauses(small_cfg):
     assert tr.global_step == 128
     tr.learn(until=192)
     assert tr.global_step == 192
+    with pytest.raises(ConfigError, match=r"^until: must be >= 0"):
+        tr.learn(until=-1)
+    tr.learn(until=0)  # (the envs' reset only)
+    assert tr.global_step == 192
     tr.close()
 
 

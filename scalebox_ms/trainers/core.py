@@ -158,6 +158,8 @@ class Trainer:
                 raise ConfigError(f"total_steps: must be >= 1, got {total_steps}")
             self.config.run.total_steps = int(total_steps)
         horizon = self.config.run.total_steps
+        if until is not None and int(until) < 0:
+            raise ConfigError(f"until: must be >= 0 (0: only the envs' first reset), got {until}")
         return horizon if until is None else min(int(until), horizon)
 
     def _start_learning(self, total_steps: Optional[int], until: Optional[int], callbacks) -> tuple:
