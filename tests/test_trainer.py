@@ -284,3 +284,13 @@ def test_loading_the_latest_checkpoint_of_a_run_still_being_pruned(tmp_path):
     assert Corrupt.calls == 1
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         load_into(Corrupt(), str(tmp_path / "checkpoints" / "ckpt_000000000300"), str(tmp_path))
+    # evaluate/export --checkpoint: one of the --run's own (or its discarded/), not another run's
+    other = tmp_path / "other" / "checkpoints"
+    other.mkdir(parents=True)
+    (other / "ckpt_000000000100.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"^--checkpoint .*: not one of .*'s checkpoints"):
+        load_into(Corrupt(), str(other / "ckpt_000000000100.json"), str(tmp_path))
+    (ckdir / "discarded").mkdir()
+    (ckdir / "discarded" / "ckpt_000000000400.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="corrupt"):  # (accepted, then loaded)
+        load_into(Corrupt(), str(ckdir / "discarded" / "ckpt_000000000400.json"), str(tmp_path))

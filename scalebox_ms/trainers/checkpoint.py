@@ -171,6 +171,13 @@ def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 
     ``attempts`` times); any other failure (corrupt, mismatched) is raised as it is."""
     if checkpoint:
         prefix = resolve_checkpoint(checkpoint)
+        ckpt_dir = os.path.realpath(os.path.join(run_dir, "checkpoints"))
+        if os.path.realpath(os.path.dirname(prefix)) not in (ckpt_dir, os.path.join(ckpt_dir, "discarded")):
+            # (the run's config.yaml built this trainer: another run's weights would load into it, or fail late)
+            from ..errors import ConfigError
+
+            raise ConfigError(f"--checkpoint {checkpoint}: not one of {run_dir}'s checkpoints (in "
+                              f"{os.path.join(run_dir, 'checkpoints')}); give that run's directory as --run")
         trainer.load(prefix)
         return prefix
     for attempt in range(attempts):

@@ -437,8 +437,9 @@ class OffPolicyTrainer(Trainer):
         inflight = sc.get("inflight") or {}
         self._pending_obs = None if inflight.get("obs") is None else np.asarray(inflight["obs"], np.float32)
         if not sc.get("replay_saved", True) and sc.get("replay_size"):
-            self.log.warning("checkpoint was saved without its replay buffer (run.save_replay: false): training "
-                             "continues with an empty buffer that refills")
+            self.log.warning("checkpoint was saved without its replay buffer (run.save_replay: false): the buffer "
+                             "starts empty (training resumed from here refills it; evaluation and export do not use "
+                             "it)")
 
     def _restore_replay(self, arrays) -> None:
         self.replay.load_state_dict(arrays)
