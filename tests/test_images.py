@@ -67,6 +67,10 @@ def test_image_detection_and_refusals():
     nested = spaces.Dict({"frame": HWC, "speed": spaces.Box(-1, 1, (1,), np.float32)})
     assert ObsEncoder(nested).image_parts == ((0, 1600, (3, 40, 40)),)  # packed for a NatureCNN (test_dict_images)
     assert ObsEncoder(nested, features="mlp").obs_dim == 4801
+    from scalebox_ms.models.cnn import NatureCNN
+
+    with pytest.raises(ConfigError, match=r"at least 36x36 pixels, got 20x20; policy.features: mlp flattens them"):
+        NatureCNN((3, 20, 20))  # (what auto picks for a top-level 20x20 image: the message says so and the way out)
 
 
 @pytest.mark.parametrize("im2col", [True, False])
