@@ -318,6 +318,8 @@ def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> C
             raise ConfigError(f"config file {path}: not UTF-8 text") from None
         except OSError as exc:
             raise ConfigError(f"config file {path}: cannot read ({exc.strerror})") from None
+        if data is None:  # (an empty file, or comments only: most likely not the file meant)
+            raise ConfigError(f"config file {path}: empty (no settings); leave out --config for the defaults")
         cfg = Config.from_dict(data)
     if overrides:
         cfg = cfg.with_overrides(overrides)

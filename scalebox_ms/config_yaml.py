@@ -173,6 +173,11 @@ def coerce(name: str, tp, value: Any) -> Any:
         value = _number_text(value)
         if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
             return int(value)  # 1e5 written as a float
+        if isinstance(value, float) and value.is_integer():
+            if abs(value) >= 2**63:
+                raise ConfigError(f"{name}: expected a 64-bit integer, got {got}")
+            raise ConfigError(f"{name}: {got} is a float beyond 2**53, where floats skip integers; write the integer "
+                              "in digits")
         raise ConfigError(f"{name}: expected an integer, got {got}")
     if tp is float:
         if isinstance(value, numbers.Real) and not isinstance(value, bool):

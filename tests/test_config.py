@@ -27,6 +27,10 @@ def test_integer_written_as_float_is_accepted():
     assert Config().with_overrides(["run.total_steps=1e5"]).run.total_steps == 100000
     with pytest.raises(ConfigError, match=r"run\.total_steps: expected an integer"):
         Config().with_overrides(["run.total_steps=1.5e0"])
+    with pytest.raises(ConfigError, match=r"run\.total_steps: '1e18' is a float beyond 2\*\*53.*in digits"):
+        Config().with_overrides(["run.total_steps=1e18"])
+    with pytest.raises(ConfigError, match=r"run\.total_steps: expected a 64-bit integer, got '1e20'"):
+        Config().with_overrides(["run.total_steps=1e20"])
 
 
 @pytest.mark.parametrize("data, culprit", [
@@ -91,6 +95,11 @@ def test_missing_and_invalid_files(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00junk")
     with pytest.raises(ConfigError, match="not UTF-8|invalid YAML"):
         load_config(str(binary))
+    for text in ("", "# only a comment\n"):  # (used to train the defaults without a word)
+        empty = tmp_path / "empty.yaml"
+        empty.write_text(text)
+        with pytest.raises(ConfigError, match=r"empty.yaml: empty \(no settings\); leave out --config"):
+            load_config(str(empty))
 
 
 def test_packaged_presets_load():
