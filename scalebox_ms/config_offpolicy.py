@@ -210,6 +210,8 @@ def check_off_policy(cfg) -> None:
            f"data parallelism is not supported with algo {algo} yet (one process; see docs/off_policy.md)")
     _check(par.micro_batch_size is None and par.gradient_accumulation == 1, "parallel.gradient_accumulation",
            f"applies to ppo only (algo {algo})")
+    _check(par.pipeline_stages == 1, "parallel.pipeline_stages",
+           f"pipeline parallelism applies to ppo only (and there to Ascend), not algo {algo}")
 
 
 def space_refusal(algo: str, spec, env_id: str) -> Optional[str]:
