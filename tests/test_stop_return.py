@@ -45,6 +45,12 @@ def test_evaluations_leave_training_unchanged_and_a_solved_run_stops_resumably(t
     with open(tmp_path / "solved" / "summary.json") as f:
         assert json.load(f)["status"] == "solved"
 
+    # resumed with the bar still in its config: nothing more to train (it used to train on to the next evaluation)
+    again = _run(None, resume=str(tmp_path / "solved"))
+    assert again["status"] == "solved" and again["global_step"] == solved["global_step"]
+    assert again["param_sha256"] == solved["param_sha256"] and again["evaluations"] == solved["evaluations"]
+    assert sorted(os.listdir(tmp_path / "solved" / "checkpoints")) == ckpts
+
     # resumed without the bar (config.yaml edited), the run goes on to the same parameters as the plain one
     cfg_path = tmp_path / "solved" / "config.yaml"
     edited = yaml.safe_load(cfg_path.read_text())

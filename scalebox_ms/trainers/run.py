@@ -372,6 +372,16 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
         trainer.close()
 
 
+def _solved_at_checkpoint(trainer, cfg) -> Optional[dict]:
+    """The evaluation at the loaded checkpoint's step that reached ``run.stop_return`` (the run stopped there,
+    solved), or None."""
+    last = trainer.evaluations[-1] if trainer.evaluations else None
+    if (cfg.run.stop_return is None or cfg.run.eval_every < 1 or last is None
+            or last["step"] != trainer.global_step or last["mean"] < cfg.run.stop_return):
+        return None
+    return last
+
+
 def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, stopper) -> dict:
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     metrics_path = os.path.join(run_dir, "metrics.csv")
@@ -385,8 +395,13 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         callbacks.append(ProgressBar(cfg.run.total_steps))
     if profile > 0:
         callbacks.append(ProfileIterations(os.path.join(run_dir, "profile"), profile))
+    solved_before = _solved_at_checkpoint(trainer, cfg)
+    if solved_before is not None and evals:  # --resume of a solved run whose bar still stands: nothing to train
+        evals[0].solved = solved_before
+        log(f"the run was solved at step {trainer.global_step} (evaluation mean {solved_before['mean']:.2f} >= "
+            f"run.stop_return {cfg.run.stop_return:g}); remove the bar from config.yaml to train on")
     try:
-        if stopper.signum is None:  # (a signal between iterations: stop right away)
+        if stopper.signum is None and solved_before is None:  # (a signal between iterations: stop right away)
             trainer.learn(callbacks=callbacks, until=until)
     finally:
         writer.close()
