@@ -219,6 +219,20 @@ def test_pipeline_stages_refused_on_cpu():
     assert not os.path.exists(os.path.join(REPO, "runs", "_never_made"))
 
 
+@pytest.mark.integration
+def test_a_worker_refusing_its_config_before_the_cluster_forms_ends_the_job_at_once(tmp_path):
+    """A check in the trainer's constructor (here the pipeline refusal) fails every rank before msrun's cluster has
+    formed: msrun used to wait out parallel.timeout (300 s) for them, then print tracebacks."""
+    run_dir = tmp_path / "run"
+    r = run_module("train", "--workers", "2", "--set", "parallel.pipeline_stages=2", "--total-steps", "64",
+                   "--run-dir", run_dir, "--no-progress", timeout=120)  # (TimeoutExpired if it waits for the cluster)
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank ") and "parallel.pipeline_stages: 2 needs Ascend or GPU" in last, last
+    assert "Traceback" not in r.stderr and r.stdout.strip() == ""
+    assert not run_dir.exists()  # nothing worth keeping
+
+
 def test_workers_outside_msrun_refused_by_the_library():
     from scalebox_ms.trainers import PPOTrainer
 

@@ -6,8 +6,9 @@ The launcher (this process) never imports MindSpore. It
 2. runs ``msrun --worker_num=N --local_worker_num=N --master_addr=127.0.0.1 --master_port=P --join=True
    --log_dir=<run_dir>/msrun python -m scalebox_ms.train <the same arguments> --run-dir <run_dir>``; each worker
    writes its pid to ``<run_dir>/msrun/rank_<r>.pid``;
-3. when msrun reports a worker that exited abnormally (msrun then kills the other workers), names its rank in a
-   one-line error and exits non-zero; a worker's own one-line ``error:`` (bad config, bad env id) is repeated
+3. when msrun reports a worker that exited abnormally (msrun then kills the other workers; a worker that failed
+   before the cluster formed, msrun would wait for until ``timeout``: the launcher stops the job a few seconds
+   after msrun's report), names its rank in a one-line error and exits non-zero; a worker's own one-line ``error:`` (bad config, bad env id) is repeated
    with exit code 2. A fresh run that failed before its first checkpoint leaves no run directory behind.
 
 ``timeout`` (``parallel.timeout``) bounds msrun's cluster building. A worker killed mid-collective does not hang
@@ -220,6 +221,17 @@ def _stop_job_now(proc, grace: float) -> None:
                 pass
 
 
+EXCEPTION_GRACE_S = 3.0  # after msrun reports a worker's exception, how long it may take to end the job itself
+
+
+def _stop_unless_ended(proc, grace: float) -> None:
+    deadline = time.time() + grace
+    while proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    if proc.poll() is None:
+        _stop_job(proc)
+
+
 def _watch(proc, log_dir: str, found: list, hung: list, hang_timeout: float = 0.0, interval: float = 0.2) -> None:
     """Until msrun ends: a worker that died (:func:`dead_workers`) ends the job now; msrun alone would wait for its
     scheduler's heartbeat timeout (~30 s). With ``hang_timeout`` > 0, a job whose ranks all stopped making progress
@@ -329,6 +341,10 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
             m = re.search(r"Worker process (\d+) exit with exception", line)
             if m and dead_pid is None:
                 dead_pid = int(m.group(1))
+                # a worker that failed before the cluster formed (a check in the trainer's constructor): msrun would
+                # wait out its cluster_time_out for it (parallel.timeout); after a moment for its own clean-up,
+                # stop the job
+                threading.Thread(target=_stop_unless_ended, args=(proc, EXCEPTION_GRACE_S), daemon=True).start()
             if _noise(line):
                 continue
             stream.write(line)
@@ -344,7 +360,7 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
         if main:
             signal.signal(signal.SIGTERM, old_term)
             signal.signal(signal.SIGINT, old_int)
-    if rc == 0 and not died and not hung:
+    if rc == 0 and not died and not hung and dead_pid is None:  # (msrun stopped by us after an exception: rc 0)
         return 0
     message = None if hung else _worker_error(run_dir)
     code = 2 if message else 1
