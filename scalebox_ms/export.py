@@ -26,7 +26,7 @@ import os
 from typing import List, Optional
 
 from .errors import ConfigError
-from .fileio import atomic_write_json
+from .fileio import atomic_write_json, sha256_file
 
 # numpy and MindSpore are imported on use: `python -m scalebox_ms.export` routes Ctrl-C before they start threads
 
@@ -142,6 +142,8 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         os.makedirs(directory, exist_ok=True)
         with builtin_patches(cell):  # MindSpore ops only: an aot kernel's library does not travel with the file
             ms.export(cell, *inputs, file_name=tmp_prefix, file_format="MINDIR")
+        if os.path.exists(sidecar_path(output)):  # an export stopped between the two files leaves no stale pair
+            os.unlink(sidecar_path(output))
         os.replace(tmp_prefix + ".mindir", output)
     except OSError as exc:
         raise ConfigError(f"--output {output}: cannot write ({exc.strerror or exc})") from None
@@ -176,6 +178,7 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         "scalebox_ms_version": __version__,
         "mindspore_version": ms.__version__,
         "file_bytes": os.path.getsize(output),
+        "file_sha256": sha256_file(output),
     }
     atomic_write_json(sidecar_path(output), sidecar)
     return sidecar
@@ -194,6 +197,13 @@ class MindIRPolicy:
                 self.sidecar = json.load(f)
         except (OSError, ValueError):
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt") from None
+        if not isinstance(self.sidecar, dict):
+            raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt")
+        sc = self.sidecar  # (older sidecars have file_bytes only)
+        if (sc.get("file_bytes") is not None and os.path.getsize(path) != sc["file_bytes"]
+                or sc.get("file_sha256") is not None and sha256_file(path) != sc["file_sha256"]):
+            raise ConfigError(f"--mindir {path}: not the file its sidecar {os.path.basename(sidecar_path(path))} "
+                              "describes (another export's, or changed since); export again")
         try:
             self.cell = ms.nn.GraphCell(ms.load(path))
         except Exception as exc:

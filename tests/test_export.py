@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import run_module, small_config
+from scalebox_ms.errors import ConfigError
 from scalebox_ms.export import export_mindir, sidecar_path
 from scalebox_ms.trainers import PPOTrainer
 
@@ -190,6 +191,27 @@ def test_export_bad_input(tiny_run, args, culprit):
 
 
 @pytest.mark.integration
+def test_a_mindir_and_a_sidecar_of_different_exports_are_refused_in_one_line(cartpole, tmp_path):
+    """A graph next to another export's sidecar (an export stopped between its two files, or files copied
+    together by hand) used to run silently, or fail deep inside MindSpore with a long traceback."""
+    import shutil
+
+    from scalebox_ms.export import MindIRPolicy, export_mindir
+
+    first = export_mindir(cartpole, str(tmp_path / "a.mindir"))
+    export_mindir(cartpole, str(tmp_path / "b.mindir"), int8=True, calibrate_steps=16)
+    MindIRPolicy(str(tmp_path / "a.mindir"))  # its own sidecar: fine
+    assert first["file_sha256"] and first["file_bytes"] == os.path.getsize(tmp_path / "a.mindir")
+    shutil.copy(tmp_path / "b.mindir", tmp_path / "a.mindir")
+    with pytest.raises(ConfigError, match=r"a.mindir: not the file its sidecar a.mindir.json describes"):
+        MindIRPolicy(str(tmp_path / "a.mindir"))
+    r = run_module("evaluate", "--mindir", tmp_path / "a.mindir", "--episodes", "1")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --mindir")
+    # exporting again removes the stale sidecar before it replaces the graph, then writes the new one
+    export_mindir(cartpole, str(tmp_path / "a.mindir"))
+    MindIRPolicy(str(tmp_path / "a.mindir"))
+
+
 def test_export_refuses_missing_run_and_evaluate_missing_file(tmp_path):
     r = run_module("export", "--run", tmp_path / "none")
     assert r.returncode == 2 and "not a run directory" in r.stderr
