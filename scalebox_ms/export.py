@@ -286,7 +286,8 @@ def build_parser():
                    help="L1: int8 weights; L2: int8 weights and activations (default L1; needs --int8)")
     p.add_argument("--activation-calibration", choices=["minmax", "percentile"], default=None,
                    help="L2 activation range: largest magnitude seen, or a percentile (default minmax)")
-    p.add_argument("--percentile", type=float, default=99.99, help="percentile for --activation-calibration percentile")
+    p.add_argument("--percentile", type=float, default=None,
+                   help="percentile for --activation-calibration percentile (default 99.99)")
     p.add_argument("--json", action="store_true", help="print the sidecar as JSON")
     return p
 
@@ -305,6 +306,8 @@ def main(argv=None) -> int:
             raise ConfigError("--quant-level/--activation-calibration need --int8")
         level = args.quant_level or "L1"
         calib = args.activation_calibration or "minmax"
+        if args.percentile is not None and calib != "percentile":  # (it would be ignored)
+            raise ConfigError("--percentile: only with --int8 --activation-calibration percentile")
         if args.int8 and args.calibrate_steps < 1:
             raise ConfigError(f"--calibrate-steps: must be >= 1, got {args.calibrate_steps}")
         if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):
@@ -326,7 +329,8 @@ def main(argv=None) -> int:
         trainer = make_trainer(cfg)
         ckpt = load_into(trainer, args.checkpoint, args.run)  # (the latest, also while a train still writes the run)
         sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=args.calibrate_steps,
-                                activation_calibration=calib, percentile=args.percentile, source=ckpt)
+                                activation_calibration=calib,
+                                percentile=99.99 if args.percentile is None else args.percentile, source=ckpt)
         trainer.close()
         if args.json:
             print(json.dumps({**sidecar, "path": output}))

@@ -180,6 +180,8 @@ def tiny_run(tmp_path_factory):
     (["--quant-level", "L2"], "need --int8"),
     (["--int8", "--calibrate-steps", "0"], "--calibrate-steps"),
     (["--int8", "--quant-level", "L9"], "--quant-level"),
+    (["--percentile", "50"], "--percentile: only with --int8 --activation-calibration percentile"),
+    (["--int8", "--percentile", "99"], "--percentile: only with"),  # (minmax calibration: it was ignored)
 ])
 @pytest.mark.integration
 def test_export_bad_input(tiny_run, args, culprit):

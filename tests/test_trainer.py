@@ -51,6 +51,11 @@ def test_callback_can_stop_and_until_pauses(small_cfg):
     assert tr.global_step == 192
     with pytest.raises(ConfigError, match=r"^until: must be >= 0"):
         tr.learn(until=-1)
+    for bad in (1700.7, "1536", True):  # (int() used to take them: True became total_steps 1)
+        with pytest.raises(ConfigError, match=r"^total_steps: expected an integer"):
+            tr.learn(bad)
+    with pytest.raises(ValueError, match=r"^predict: an empty batch"):
+        tr.predict(np.zeros((0, 4), np.float32))
     tr.learn(until=0)  # (the envs' reset only)
     assert tr.global_step == 192
     tr.close()

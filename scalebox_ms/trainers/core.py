@@ -147,6 +147,8 @@ class Trainer:
         except (KeyError, IndexError, TypeError):
             single = False  # (a part is missing: check_shapes names it)
         encoder.check_shapes(obs, single, what)  # (a wrong shape would fail deep inside a graph compile)
+        if not single and np.shape(encoder._leaf_value(obs, encoder.leaves[0]))[0] == 0:
+            raise ValueError(f"{what}: an empty batch (0 observations)")
         if single:
             obs = obs[None] if encoder.plain else _batch_of_one(obs)
         return obs, single
@@ -154,11 +156,13 @@ class Trainer:
     def _check_horizon(self, total_steps: Optional[int], until: Optional[int]) -> int:
         """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at."""
         if total_steps is not None:
-            if int(total_steps) < 1:
+            total_steps = _whole("total_steps", total_steps)
+            if total_steps < 1:
                 raise ConfigError(f"total_steps: must be >= 1, got {total_steps}")
-            self.config.run.total_steps = int(total_steps)
+            self.config.run.total_steps = total_steps
         horizon = self.config.run.total_steps
-        if until is not None and int(until) < 0:
+        until = None if until is None else _whole("until", until)
+        if until is not None and until < 0:
             raise ConfigError(f"until: must be >= 0 (0: only the envs' first reset), got {until}")
         return horizon if until is None else min(int(until), horizon)
 
@@ -245,6 +249,17 @@ class Trainer:
 
     def close(self) -> None:
         self.collector.close()
+
+
+def _whole(name: str, value) -> int:
+    """``learn``'s step counts: an integer (or a float holding one, 1e5), as the config's integer keys take."""
+    import numbers
+
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ConfigError(f"{name}: expected an integer, got {value!r}")
 
 
 def _batch_of_one(obs):
