@@ -171,6 +171,8 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
             # encoded Dict/Tuple/Discrete observations: only the Box columns (mask true) are normalised
             "mask": None if trainer.obs_normalizer.mask is None else trainer.obs_normalizer.mask.tolist()},
         "quantization": quant_info,
+        # the graph's arithmetic: amp.level O1-O3 runs the casts the trained model had (fp16/bf16 matmuls)
+        "amp": {"level": cfg.amp.level, "dtype": cfg.amp.dtype if cfg.amp.level != "O0" else None},
         "algo": cfg.algo,
         "global_step": trainer.global_step,
         "param_sha256": trainer.parameters_sha256(),
@@ -335,7 +337,9 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps({**sidecar, "path": output}))
         else:
-            kind = f"INT8 {level}" if args.int8 else "fp32"
+            amp = sidecar["amp"]
+            kind = (f"INT8 {level}" if args.int8 else "fp32" if amp["level"] == "O0"
+                    else f"fp32 weights, {amp['dtype']} compute (amp.level {amp['level']})")
             print(f"wrote {output} ({kind}, {sidecar['file_bytes']} bytes) and {sidecar_path(output)}")
 
     return run_cli(go)

@@ -171,3 +171,18 @@ def test_all_finite_inside_a_graph_sees_inf_nan_and_fp16_overflow():
     half = np.array([[40000.0, 1.0]], np.float16)  # doubling overflows float16 to inf inside the graph
     assert not bool(check(ms.Tensor(half), ms.Tensor(np.ones(2, np.float16))).asnumpy())
     assert bool(check(ms.Tensor(half / 2), ms.Tensor(np.ones(2, np.float16))).asnumpy())
+
+
+def test_the_export_sidecar_records_the_amp_level_its_graph_computes_in(tmp_path):
+    """An AMP model's graph runs its fp16 casts; the sidecar (and export's message) used to call it fp32."""
+    from scalebox_ms.export import MindIRPolicy, export_mindir
+    from scalebox_ms.trainers import PPOTrainer
+
+    tr = PPOTrainer(small_config(amp={"level": "O2"}))
+    try:
+        sidecar = export_mindir(tr, str(tmp_path / "amp.mindir"))
+        assert sidecar["amp"] == {"level": "O2", "dtype": "float16"}
+        obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+        np.testing.assert_array_equal(MindIRPolicy(str(tmp_path / "amp.mindir"))(obs), tr.predict(obs))
+    finally:
+        tr.close()
