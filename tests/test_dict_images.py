@@ -160,6 +160,10 @@ def test_ppo_on_an_image_and_a_vector_exports(tmp_path):
         tr.learn()
         obs = reset_obs("BrightSideDict-v0")
         np.testing.assert_array_equal(exported_actions(tr, "BrightSideDict-v0", tmp_path), tr.predict(obs))
+        policy = MindIRPolicy(str(tmp_path / "policy.mindir"))
+        for n in (16, 3, 1, 16):  # one loaded graph, any batch (the pixels' ops.stack kept the first call's)
+            part = {k: v[:n] for k, v in obs.items()}
+            np.testing.assert_array_equal(policy(part), tr.predict(part))
         sc = export_mindir(tr, str(tmp_path / "int8.mindir"), int8=True, calibrate_steps=16)
         assert sc["quantization"]["level"] == "L1"
         assert MindIRPolicy(str(tmp_path / "int8.mindir"))(obs).shape == tr.predict(obs).shape

@@ -226,7 +226,9 @@ def unpack_pixels(cols, chw):
     rest = v - p2 * 65536.0
     p1 = ops.floor(rest * (1.0 / 256.0))
     p0 = rest - p1 * 256.0
-    pixels = ops.stack([p0, p1, p2], 2).reshape(v.shape[0], -1)  # (B, 3 * columns): pixel order restored
+    # (B, 3 * columns): pixel order restored. expand_dims + concat, not ops.stack: in an exported MindIR with a
+    # dynamic batch, Stack keeps the first call's batch size
+    pixels = ops.concat([ops.expand_dims(p, 2) for p in (p0, p1, p2)], 2).reshape(v.shape[0], -1)
     c, h, w = chw
     return pixels[:, :c * h * w].reshape(v.shape[0], c, h, w)
 
