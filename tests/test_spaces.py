@@ -388,6 +388,13 @@ def test_export_of_composite_observations_matches_predict_without_scalebox(env_i
         obs, _ = probe.reset(seed=5)
         probe.close()
         np.testing.assert_array_equal(got, tr.predict(obs))
+        from scalebox_ms.export import MindIRPolicy
+
+        policy = MindIRPolicy(path)
+        for n in (16, 5, 1):  # one loaded graph, any batch size
+            part = tuple(v[:n] for v in obs) if isinstance(obs, tuple) else (
+                {k: v[:n] for k, v in obs.items()} if isinstance(obs, dict) else obs[:n])
+            np.testing.assert_array_equal(policy.env_actions(policy(part)), tr.predict(part))
     finally:
         tr.close()
 
