@@ -3,6 +3,7 @@ __version__ = "0.2.0"
 
 from .config import Config, load_config  # noqa: E402  (no MindSpore import)
 from .errors import CheckpointError, ConfigError, ScaleboxError  # noqa: E402
+from .cli_common import route_sigint_around_mindspore  # noqa: E402  (stdlib only: call it before numpy/MindSpore)
 
 
 def __getattr__(name):  # lazy: importing scalebox_ms must not pay MindSpore's ~3 s import
@@ -18,4 +19,5 @@ def __getattr__(name):  # lazy: importing scalebox_ms must not pay MindSpore's ~
 
 
 __all__ = ["Config", "load_config", "CheckpointError", "ConfigError", "ScaleboxError", "Sandbox", "PPOTrainer",
-           "DQNTrainer", "SACTrainer", "TD3Trainer", "make_trainer", "load_trainer", "Callback", "__version__"]
+           "DQNTrainer", "SACTrainer", "TD3Trainer", "make_trainer", "load_trainer", "Callback",
+           "route_sigint_around_mindspore", "__version__"]

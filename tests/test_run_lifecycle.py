@@ -418,3 +418,45 @@ def test_a_signal_during_the_final_evaluation_stops_it_and_the_run_reads_interru
     monkeypatch.setattr(PPOTrainer, "predict", real_predict)
     resumed = train_run(resume=str(tmp_path / "run"), log=quiet)  # evaluates what the interrupted run did not
     assert resumed["status"] == "completed" and resumed["eval_episodes"] == 20
+
+
+CTRL_C_SCRIPT = '''
+import sys
+import scalebox_ms
+scalebox_ms.route_sigint_around_mindspore()  # first: before numpy and MindSpore start their threads
+sys.path.insert(0, sys.argv[2])
+from conftest import small_config
+from scalebox_ms.trainers import Callback, PPOTrainer
+
+class Ready(Callback):
+    def on_iteration_end(self, trainer, metrics):
+        if metrics["iteration"] == 1:
+            print("ready", flush=True)
+
+trainer = PPOTrainer(small_config(run={"total_steps": 10**9}))
+try:
+    trainer.learn(callbacks=[Ready()])
+except KeyboardInterrupt:
+    trainer.save(sys.argv[1])
+    print("saved at", trainer.global_step, flush=True)
+'''
+
+
+def test_ctrl_c_in_a_script_of_ones_own_is_a_keyboard_interrupt_with_the_routing(tmp_path):
+    """MindSpore turns SIGINT into SIGTERM while a graph runs (the process dies without a word); a script that calls
+    scalebox_ms.route_sigint_around_mindspore() first gets Python's KeyboardInterrupt and can save."""
+    script = tmp_path / "train_mine.py"
+    script.write_text(CTRL_C_SCRIPT)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "mine"), os.path.join(REPO, "tests")],
+                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-2000:]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert out.startswith("saved at") and (tmp_path / "mine.json").exists()
