@@ -15,6 +15,15 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def say(line: str) -> None:
+    """One line to stderr; a closed or broken stderr (``2>&-``, a pipe into ``head``) must not stop a run."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, AttributeError, ValueError):  # (AttributeError: sys.stderr is None; ValueError: closed)
+        pass
+
+
 def run_cli(fn) -> int:
     """Call ``fn()``; turn scalebox_ms errors into one stderr line and exit code 2."""
     from .errors import ScaleboxError
@@ -22,14 +31,14 @@ def run_cli(fn) -> int:
     try:
         fn()
     except ScaleboxError as exc:
-        sys.stderr.write(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}\n")
+        say(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         return 2
     except OSError as exc:  # disk full, permission denied, ...: the file and the reason, no traceback
         where = f"{exc.filename}: " if exc.filename else ""
-        sys.stderr.write(f"error: {where}{exc.strerror or exc}\n")
+        say(f"error: {where}{exc.strerror or exc}")
         return 2
     except KeyboardInterrupt as exc:  # (scalebox_ms.trainers.lifecycle.Interrupted carries SIGTERM's number)
-        sys.stderr.write("interrupted\n")
+        say("interrupted")
         return 128 + getattr(exc, "signum", 2)
     return 0
 

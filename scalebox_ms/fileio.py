@@ -50,9 +50,14 @@ def _umask() -> int:
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
+    try:
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(data)
+    except OSError as exc:
+        if exc.filename is None:  # (a write/flush error names no file: a full disk would read "No space left")
+            raise OSError(exc.errno, exc.strerror, path) from None
+        raise
 
 
 def atomic_write_text(path: str, text: str) -> None:

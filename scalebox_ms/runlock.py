@@ -28,7 +28,12 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # (O_NOFOLLOW: a train.lock that is a symlink must not get another file truncated and written)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as exc:
+                if os.path.islink(self.path):
+                    raise ConfigError(f"{self.path}: is a symbolic link, not a lock file of scalebox_ms; remove it")
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

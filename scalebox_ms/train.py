@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 
-from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, run_cli
+from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, run_cli, say
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpole.yaml")
 
@@ -118,12 +118,12 @@ def main(argv=None) -> int:
 
         summary = train_run(cfg, run_dir=args.run_dir, resume=args.resume, until=args.until,
                             progress=False if args.no_progress else None, profile=args.profile,
-                            log=lambda s: print(s, file=sys.stderr), checkpoint=args.checkpoint)
+                            log=say, checkpoint=args.checkpoint)
         if summary is not None and not in_msrun():  # under msrun the launcher prints rank 0's summary
             print(json.dumps(summary, indent=2))
         if summary is not None and summary["status"] == "interrupted":
-            print(f"interrupted by {summary['interrupted_by']} at step {summary['global_step']} (checkpoint "
-                  f"written); continue with --resume {summary['run_dir']}", file=sys.stderr)
+            say(f"interrupted by {summary['interrupted_by']} at step {summary['global_step']} (checkpoint "
+                f"written); continue with --resume {summary['run_dir']}")
             exit_code[0] = 128 + signal.Signals[summary["interrupted_by"]].value
 
     exit_code = [0]

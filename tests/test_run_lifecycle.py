@@ -460,3 +460,78 @@ def test_ctrl_c_in_a_script_of_ones_own_is_a_keyboard_interrupt_with_the_routing
             proc.kill()
     assert proc.returncode == 0, err[-2000:]
     assert out.startswith("saved at") and (tmp_path / "mine.json").exists()
+
+
+def test_a_run_directory_removed_while_training_stops_at_the_next_checkpoint(tmp_path):
+    """The checkpoint writes used to re-create the deleted directory (checkpoints only, no config.yaml): a
+    directory that neither --resume nor a fresh start would take."""
+    import shutil as _shutil
+
+    from scalebox_ms.trainers import Callback
+
+    run_dir = tmp_path / "run"
+
+    class Remove(Callback):
+        def on_iteration_end(self, trainer, metrics):
+            if metrics["iteration"] == 1:
+                _shutil.rmtree(run_dir)
+
+    from scalebox_ms.trainers import run as run_module_
+
+    real_learn_and_summarise = run_module_._learn_and_summarise
+
+    def with_remove(trainer, *a, **kw):
+        real = trainer.learn
+        trainer.learn = lambda callbacks=(), until=None: real(callbacks=[Remove(), *callbacks], until=until)
+        return real_learn_and_summarise(trainer, *a, **kw)
+
+    run_module_._learn_and_summarise = with_remove
+    try:
+        cfg = small_config(run={"eval_episodes": 0, "checkpoint_every": 64})
+        with pytest.raises((CheckpointError, OSError)) as e:
+            train_run(cfg, run_dir=str(run_dir), log=quiet)
+    finally:
+        run_module_._learn_and_summarise = real_learn_and_summarise
+    assert not run_dir.exists() or "config.yaml" in os.listdir(run_dir), os.listdir(run_dir)
+    assert "\n" not in str(e.value)
+
+
+def test_a_train_lock_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("precious data\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.symlink(target, run_dir / "train.lock")
+    with pytest.raises(ConfigError, match=r"train.lock: is a symbolic link"):
+        RunLock(str(run_dir)).acquire()
+    assert target.read_text() == "precious data\n"
+
+
+def test_a_damaged_metrics_file_is_a_one_line_error_on_resume(tmp_path):
+    from scalebox_ms.trainers.lifecycle import truncate_metrics
+
+    for content in (b"iteration,glob", b"\xff\xfe\x00junk"):
+        path = tmp_path / "metrics.csv"
+        path.write_bytes(content)
+        with pytest.raises(CheckpointError, match=r"metrics.csv: .*move it aside to resume"):
+            truncate_metrics(str(path), 0)
+
+
+def test_a_write_that_fails_names_its_file(tmp_path):
+    """A write or flush error (a full disk, a file size limit) names no file by itself: the CLI's one line read
+    "error: No space left on device" for summary.json, metrics.csv and learning_curve.png."""
+    from scalebox_ms.fileio import atomic_write_bytes
+
+    writer = MetricsWriter(str(tmp_path / "metrics.csv"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(OSError) as e:
+            atomic_write_bytes(str(tmp_path / "summary.json"), b"x" * 10_000)
+        assert e.value.filename == str(tmp_path / "summary.json")
+        with pytest.raises(OSError) as e:
+            for i in range(2000):
+                writer.on_iteration_end(None, {"iteration": i, "global_step": i})
+        assert e.value.filename == str(tmp_path / "metrics.csv")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

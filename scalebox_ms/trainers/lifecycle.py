@@ -108,11 +108,18 @@ def truncate_metrics(path: str, global_step: int) -> None:
     """Drop rows logged after the checkpoint a run resumes from (they will be produced again)."""
     if not os.path.exists(path):
         return
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise CheckpointError(f"{path}: not a metrics file scalebox_ms can read ({type(exc).__name__}); move it "
+                              "aside to resume (the checkpoints do not need it)") from None
     if not rows:
         return
     header, body = rows[0], rows[1:]
+    if "global_step" not in header:
+        raise CheckpointError(f"{path}: its header has no global_step column (damaged); move it aside to resume "
+                              "(the checkpoints do not need it)")
     col = header.index("global_step")
     kept = [r for r in body if len(r) == len(header) and r[col].isdigit() and int(r[col]) <= global_step]
     buf = io.StringIO()

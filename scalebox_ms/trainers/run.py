@@ -74,11 +74,29 @@ class MetricsWriter(Callback):
             self._f.flush()
 
     def on_iteration_end(self, trainer, metrics):
-        self._w.writerow({k: _fmt(metrics.get(k)) for k in self.columns})
-        self._f.flush()
+        with _named(self.path):
+            self._w.writerow({k: _fmt(metrics.get(k)) for k in self.columns})
+            self._f.flush()
 
     def close(self):
-        self._f.close()
+        with _named(self.path):
+            self._f.close()
+
+
+class _named:
+    """Re-raise an OSError that names no file (a write or flush on a full disk) with ``path`` as its file, so the
+    CLI's one line says which file could not be written."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, OSError) and exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, self.path) from None
+        return False
 
 
 class CheckpointSaver(Callback):
@@ -96,6 +114,10 @@ class CheckpointSaver(Callback):
             self._next = (trainer.global_step // self.every + 1) * self.every
 
     def save(self, trainer):
+        run_dir = os.path.dirname(os.path.abspath(self.directory))
+        if not os.path.isfile(os.path.join(run_dir, "config.yaml")):  # (the writes below would re-create it)
+            raise CheckpointError(f"run directory {run_dir}: its config.yaml is gone (the directory was deleted or "
+                                  "moved while training); stopping without writing")
         trainer.save(checkpoint_prefix(self.directory, trainer.global_step))
         prune_checkpoints(self.directory, self.keep)
 
@@ -195,9 +217,11 @@ def plot_learning_curve(metrics_csv: str, out_png: str, title: str) -> None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    try:
+        with _named(out_png), atomic_path(out_png) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
+    finally:
+        plt.close(fig)
 
 
 def environment_record(cfg: Config, trainer) -> dict:
