@@ -26,7 +26,7 @@ import os
 from typing import List, Optional
 
 from .errors import ConfigError
-from .fileio import atomic_write_json, sha256_file
+from .fileio import atomic_write_json, sha256_file, umask
 
 # numpy and MindSpore are imported on use: `python -m scalebox_ms.export` routes Ctrl-C before they start threads
 
@@ -144,6 +144,7 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
             ms.export(cell, *inputs, file_name=tmp_prefix, file_format="MINDIR")
         if os.path.exists(sidecar_path(output)):  # an export stopped between the two files leaves no stale pair
             os.unlink(sidecar_path(output))
+        os.chmod(tmp_prefix + ".mindir", 0o666 & ~umask())  # (MindSpore writes 0400: unreadable to a service user)
         os.replace(tmp_prefix + ".mindir", output)
     except OSError as exc:
         raise ConfigError(f"--output {output}: cannot write ({exc.strerror or exc})") from None

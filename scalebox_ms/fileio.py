@@ -43,6 +43,11 @@ def _remove_temporaries(tmp: str) -> None:
             pass
 
 
+def umask() -> int:
+    """The process's umask (read without changing it for longer than a call)."""
+    return _umask()
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -203,6 +203,9 @@ def test_a_mindir_and_a_sidecar_of_different_exports_are_refused_in_one_line(car
     first = export_mindir(cartpole, str(tmp_path / "a.mindir"))
     export_mindir(cartpole, str(tmp_path / "b.mindir"), int8=True, calibrate_steps=16)
     MindIRPolicy(str(tmp_path / "a.mindir"))  # its own sidecar: fine
+    mask = os.umask(0)
+    os.umask(mask)
+    assert os.stat(tmp_path / "a.mindir").st_mode & 0o777 == 0o666 & ~mask  # (MindSpore writes 0400)
     assert first["file_sha256"] and first["file_bytes"] == os.path.getsize(tmp_path / "a.mindir")
     shutil.copy(tmp_path / "b.mindir", tmp_path / "a.mindir")
     with pytest.raises(ConfigError, match=r"a.mindir: not the file its sidecar a.mindir.json describes"):

@@ -71,6 +71,12 @@ def test_image_detection_and_refusals():
 
     with pytest.raises(ConfigError, match=r"at least 36x36 pixels, got 20x20; policy.features: mlp flattens them"):
         NatureCNN((3, 20, 20))  # (what auto picks for a top-level 20x20 image: the message says so and the way out)
+    enc = ObsEncoder(HWC)  # frames must be pixel values: float frames in [0, 1] or values past a byte were cast
+    frames = np.random.default_rng(0).integers(0, 256, (2,) + HWC.shape)
+    np.testing.assert_array_equal(enc.encode(frames), enc.encode(frames.astype(np.uint8)))  # whole values: fine
+    for bad in (frames / 255.0, frames * 2, frames - 300):
+        with pytest.raises(ValueError, match=r"^predict: observation .* \(uint8 pixels 0..255; scale float frames"):
+            enc.encode(bad, "predict")
 
 
 @pytest.mark.parametrize("im2col", [True, False])

@@ -187,11 +187,14 @@ class ObsEncoder:
                 raise ValueError(f"{what}: {part} has shape {got}; the env's observation space needs {leaf.shape} "
                                  f"(one observation) or (N, {', '.join(map(str, leaf.shape))}) (a batch)")
 
-    def leaf_arrays(self, obs) -> List[np.ndarray]:
-        """The batch's leaves in :attr:`leaves` order, each ``(batch, *leaf.shape)`` in its input dtype."""
+    def leaf_arrays(self, obs, what: Optional[str] = None) -> List[np.ndarray]:
+        """The batch's leaves in :attr:`leaves` order, each ``(batch, *leaf.shape)`` in its input dtype (image
+        leaves: checked to be pixel values, see :meth:`encode`)."""
         out = []
         for leaf in self.leaves:
             x = np.asarray(self._leaf_value(obs, leaf))
+            if leaf.kind == "image":
+                x = self._pixels(x, what, leaf)
             out.append(x.astype(np.dtype(leaf.input_dtype), copy=False).reshape((-1,) + leaf.shape))
         return out
 
@@ -200,12 +203,12 @@ class ObsEncoder:
         MultiDiscrete value outside its space, or a MultiBinary value other than 0/1, is a TrainingError blaming
         the env, or with ``what`` (the caller's name, e.g. 'predict') a ValueError blaming the argument."""
         if self.image:
-            obs = np.asarray(obs, np.uint8)
+            obs = self._pixels(obs, what, self.leaves[0])
             return np.ascontiguousarray(obs.transpose(0, 3, 1, 2)) if self.channels_last else obs
         if self.plain:
             obs = np.asarray(obs, np.float32)
             return obs.reshape(obs.shape[0], -1)
-        arrays = self.leaf_arrays(obs)
+        arrays = self.leaf_arrays(obs, what)
         B = arrays[0].shape[0]
         out = np.zeros((B, self.obs_dim), np.float32)
         for leaf, x in zip(self.leaves, arrays):
@@ -231,6 +234,19 @@ class ObsEncoder:
             col0 = leaf.offset + np.concatenate([[0], np.cumsum(bounds)[:-1]])
             out[np.arange(B)[:, None], col0[None, :] + idx] = 1.0
         return out
+
+    def _pixels(self, x, what: Optional[str], leaf) -> np.ndarray:
+        """Frames as uint8; other dtypes only with whole values in 0..255 (float frames scaled to [0, 1], or values
+        beyond a byte, would otherwise be cast to garbage silently)."""
+        x = np.asarray(x)
+        if x.dtype == np.uint8:
+            return x
+        if x.size and (not np.issubdtype(x.dtype, np.number) or (x != np.round(x)).any() or x.min() < 0
+                       or x.max() > 255):
+            bad = np.argwhere((x != np.round(x)) | (x < 0) | (x > 255))[0] if np.issubdtype(x.dtype, np.number) \
+                else np.zeros(x.ndim, int)
+            self._off_space(what, leaf, x[tuple(bad)], int(bad[0]), "uint8 pixels 0..255; scale float frames back")
+        return x.astype(np.uint8)
 
     def _off_space(self, what: Optional[str], leaf, value, row: int, space: str) -> None:
         value = value.item() if hasattr(value, "item") else value

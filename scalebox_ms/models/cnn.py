@@ -129,7 +129,7 @@ class NatureCNN(nn.Cell):
         c, h, w = (int(x) for x in image_shape)
         oh, ow = conv_output_hw(h, w)
         if oh < 1 or ow < 1:
-            raise ConfigError(f"policy.features: nature_cnn (auto's choice for image observations) needs images of "
+            raise ConfigError(f"policy.features: nature_cnn (set, or auto's choice for images) needs images of "
                               f"at least 36x36 pixels, got {h}x{w}; policy.features: mlp flattens them instead")
         gain = math.sqrt(2.0)
         layers, in_c = [], c
