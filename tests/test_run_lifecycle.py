@@ -535,3 +535,20 @@ def test_a_write_that_fails_names_its_file(tmp_path):
         assert e.value.filename == str(tmp_path / "metrics.csv")
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_an_abort_between_the_checkpoint_files_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    """A second signal (abort at once) while a checkpoint's files are written used to leave its .ckpt/.env.pkl
+    without a sidecar (only OSError cleaned up)."""
+    from scalebox_ms.trainers import checkpoint
+    from scalebox_ms.trainers.lifecycle import Interrupted
+
+    def abort(*a, **kw):
+        raise Interrupted(2)
+
+    monkeypatch.setattr(checkpoint, "sidecar_digest", abort)  # (after the .ckpt and .env.pkl are written)
+    prefix = str(tmp_path / "ckpt_000000000064")
+    with pytest.raises(Interrupted):
+        checkpoint.write_checkpoint(prefix, [{"name": "w", "data": __import__("mindspore").Tensor([1.0])}],
+                                    {"format": checkpoint.FORMAT}, env_obj={"state": 1})
+    assert os.listdir(tmp_path) == []

@@ -90,11 +90,13 @@ def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=No
         os.unlink(prefix + ".json")
     try:
         return _write_checkpoint(prefix, tensors, sidecar, env_obj, replay)
-    except OSError as exc:
+    except BaseException as exc:  # a write error, or a second signal (abort at once) between the files
         for ext in EXTENSIONS:  # no half checkpoint: the previous one stays the latest
             if os.path.exists(prefix + ext):
                 os.unlink(prefix + ext)
-        raise CheckpointError(f"cannot write checkpoint {prefix}: {exc.strerror or exc}") from None
+        if isinstance(exc, OSError):
+            raise CheckpointError(f"cannot write checkpoint {prefix}: {exc.strerror or exc}") from None
+        raise
 
 
 def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, replay) -> str:
