@@ -14,7 +14,6 @@ created, so a bad invocation leaves nothing behind.
 """
 from __future__ import annotations
 
-import csv
 import math
 import os
 import shutil
@@ -24,79 +23,19 @@ from typing import List, Optional
 
 from ..config import Config
 from ..errors import CheckpointError, ConfigError
-from ..fileio import atomic_path, atomic_write_json, atomic_write_text
+from ..fileio import atomic_write_json, atomic_write_text
 from .callbacks import EvalCallback, ProgressBeat
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
 from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, remove_stale_temporaries,
                         select_checkpoint, truncate_metrics)
 from .core import Callback
-
-METRIC_COLUMNS = [
-    "iteration", "global_step", "wall_time_s", "steps_per_second", "episode_return_mean", "episode_length_mean",
-    "episodes", "loss", "policy_loss", "value_loss", "entropy_loss", "approx_kl", "clip_fraction",
-    "explained_variance", "learning_rate", "clip_range", "n_updates", "early_stopped", "rollout_time_s",
-    "update_time_s", "share_env", "share_act", "share_update", "share_comm", "share_other", "update_samples_per_s",
-    "batch_size", "env_restarts", "world_size", "comm_time_s", "loss_scale", "amp_overflows", "amp_skipped_steps",
-    "nonfinite_updates",
-]
-# DQN/SAC/TD3: one row per iteration (whole training phases adding up to >= 1,000 env steps), statistics averaged
-# over its gradient steps (columns of another algorithm stay empty)
-OFF_POLICY_COLUMNS = [
-    "iteration", "global_step", "wall_time_s", "steps_per_second", "episode_return_mean", "episode_length_mean",
-    "episodes", "loss", "critic_loss", "actor_loss", "q_values", "ent_coef", "ent_coef_loss", "entropy",
-    "exploration_rate", "actor_updates", "learning_rate", "n_updates", "replay_size", "update_time_s", "share_env",
-    "share_act", "share_update", "share_other", "update_samples_per_s", "batch_size", "env_restarts", "world_size",
-    "nonfinite_updates", "loss_scale", "amp_skipped_steps",
-]
-# columns that depend on the machine's speed, not on the maths (excluded from reproducibility checks)
-TIMING_COLUMNS = {"wall_time_s", "steps_per_second", "rollout_time_s", "update_time_s", "share_env", "share_act",
-                  "share_update", "share_comm", "share_other", "update_samples_per_s",
-                  "comm_time_s"}
-
+from .metrics_file import (METRIC_COLUMNS, OFF_POLICY_COLUMNS, TIMING_COLUMNS, MetricsWriter,  # noqa: F401
+                           plot_learning_curve)
 
 def peak_rss_mb() -> float:
     from ..sandbox import peak_rss_bytes
 
     return peak_rss_bytes() / 2.0 ** 20
-
-
-class MetricsWriter(Callback):
-    """Appends one CSV row per iteration and flushes it (a crash loses at most the current row)."""
-
-    def __init__(self, path: str, columns=METRIC_COLUMNS):
-        self.path = path
-        self.columns = list(columns)
-        new = not os.path.exists(path) or os.path.getsize(path) == 0
-        self._f = open(path, "a", newline="", encoding="utf-8")
-        self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="ignore")
-        if new:
-            self._w.writeheader()
-            self._f.flush()
-
-    def on_iteration_end(self, trainer, metrics):
-        with _named(self.path):
-            self._w.writerow({k: _fmt(metrics.get(k)) for k in self.columns})
-            self._f.flush()
-
-    def close(self):
-        with _named(self.path):
-            self._f.close()
-
-
-class _named:
-    """Re-raise an OSError that names no file (a write or flush on a full disk) with ``path`` as its file, so the
-    CLI's one line says which file could not be written."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if isinstance(exc, OSError) and exc.filename is None:
-            raise OSError(exc.errno, exc.strerror, self.path) from None
-        return False
 
 
 class CheckpointSaver(Callback):
@@ -186,42 +125,6 @@ class ProfileIterations(Callback):
             os.dup2(saved, 1)
             os.close(saved)
         self.done = True
-
-
-def _fmt(v):
-    if isinstance(v, float):
-        return repr(v)
-    return "" if v is None else v
-
-
-def plot_learning_curve(metrics_csv: str, out_png: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps, rets = [], []
-    with open(metrics_csv, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            try:
-                step, ret = int(row["global_step"]), float(row["episode_return_mean"])
-            except (TypeError, ValueError, KeyError):
-                continue  # header-only, torn or NaN rows
-            if math.isfinite(ret):
-                steps.append(step)
-                rets.append(ret)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(steps, rets, lw=1.5)
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("episode return (mean of last 100)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    try:
-        with _named(out_png), atomic_path(out_png) as tmp:
-            fig.savefig(tmp, format="png", dpi=100)
-    finally:
-        plt.close(fig)
 
 
 def environment_record(cfg: Config, trainer) -> dict:
