@@ -55,10 +55,10 @@ def validate(cfg: Config) -> None:
         _check(s.isolation_level == "none", "sandbox.isolation_level",
                "process isolation applies to gymnasium envs; native envs run inside MindSpore graphs")
     if e.backend == "envpool":
-        from .envs.atari import is_atari
+        from .envs.atari import is_atari, require_atari_id
 
-        _check(e.preprocess != "atari" or is_atari(e.id), "env.preprocess",
-               f"atari needs an ale-py env id (ALE/...), not {short_repr(e.id)}")
+        if e.preprocess == "atari":
+            require_atari_id(e.id)
         _check(e.preprocess != "none" or not is_atari(e.id), "env.preprocess",
                f"none with env.backend envpool: EnvPool's Atari envs always preprocess ({short_repr(e.id)}); use auto "
                "(or env.backend gymnasium for raw frames)")

@@ -61,13 +61,21 @@ def test_truncates_at_the_time_limit():
 @pytest.mark.parametrize("env_id, culprit", [
     ("NoSuchEnv-v0", "env.backend: envpool has no 'NoSuchEnv-v0'"),
     ("ALE/NoSuchGame-v5", "env.backend: envpool has no 'ALE/NoSuchGame-v5'"),
+    ("BreakoutNoFrameskip-v4", r"envpool has no 'BreakoutNoFrameskip-v4' \(EnvPool runs ale-py's v5 games"),
 ])
 def test_ids_envpool_cannot_run_are_one_line_errors(env_id, culprit):
     from scalebox_ms.envs import make_vec_env
 
     with pytest.raises(ConfigError, match=culprit) as info:
-        make_vec_env(env_id, 2, backend="envpool")
+        make_vec_env(env_id, 2, backend="envpool", preprocess="auto")
     assert "\n" not in str(info.value)
+
+
+def test_atari_ram_observations_are_refused_by_envpool():
+    from scalebox_ms.envs import make_vec_env
+
+    with pytest.raises(ConfigError, match="env.kwargs.obs_type: ram is not available with env.backend envpool"):
+        make_vec_env("ALE/Breakout-v5", 2, {"obs_type": "ram"}, backend="envpool", preprocess="auto")
 
 
 def test_without_the_extra_the_error_names_it(monkeypatch):

@@ -437,6 +437,39 @@ def test_atari_preprocess_on_a_non_atari_env_is_one_line():
         make_vec_env("CartPole-v1", 1, preprocess="atari")
 
 
+def test_legacy_atari_ids_are_recognised_and_preprocessed_without_sticky_actions():
+    """rl-zoo3 trains on BreakoutNoFrameskip-v4 (ale-py registers it when imported): it used to be an 'unknown
+    environment' because only ALE/ ids imported ale-py, and got no Atari preprocessing."""
+    from scalebox_ms.envs.atari import is_atari
+
+    assert is_atari("BreakoutNoFrameskip-v4") and is_atari("Pong-v4") and is_atari("ale_py:Breakout-v4")
+    assert not is_atari("CartPole-v1") and not is_atari("NoSuchEnv-v3") and not is_atari("my_envs:Breakout-v4")
+    env = make_vec_env("BreakoutNoFrameskip-v4", 1, preprocess="auto")
+    try:
+        assert env.single_observation_space.shape == (4, 84, 84)
+        ale = env.envs[0].unwrapped
+        assert ale._frameskip == 1 and ale.ale.getFloat("repeat_action_probability") == 0.0  # v4: no sticky actions
+        assert env.envs[0].get_wrapper_attr("frame_skip") == 4
+    finally:
+        env.close()
+
+
+def test_atari_ram_observations_are_a_flat_vector_without_the_screen_preprocessing():
+    """obs_type ram used to get the screen preprocessing and fail its first step; the evaluation batch used
+    ale-py's own vector env, which has no obs_type."""
+    for evaluation in (False, True):
+        env = make_vec_env(BREAKOUT, 4, {"obs_type": "ram"}, preprocess="auto", evaluation=evaluation)
+        try:
+            assert env.single_observation_space.shape == (128,) and env.single_observation_space.dtype == np.uint8
+            obs, *_ = env.step(np.ones(4, np.int64))
+            assert obs.shape == (4, 128)
+        finally:
+            env.close()
+    with pytest.raises(ConfigError, match="env.preprocess: atari reads the screen and cannot run with "
+                                          "env.kwargs.obs_type ram"):
+        make_vec_env(BREAKOUT, 1, {"obs_type": "ram"}, preprocess="atari")
+
+
 @pytest.mark.integration
 def test_ppo_on_breakout_counts_games_and_exports_on_real_frames(tmp_path):
     data = Config.from_dict({"env": {"id": BREAKOUT, "num_envs": 2},

@@ -22,21 +22,58 @@ This module imports gymnasium and numpy only, so process-isolated workers (:mod:
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 FRAME_STACK = 4
 
 
 def is_atari(env_id: str) -> bool:
-    """An ale-py env id (``ALE/Breakout-v5``, or ``ale_py:ALE/...``)."""
-    return env_id.split(":", 1)[-1].startswith("ALE/")
+    """An ale-py env id: ``ALE/Breakout-v5`` (or ``ale_py:ALE/...``), or one of the legacy ids ale-py registers
+    when imported (``BreakoutNoFrameskip-v4``, ``Breakout-v4``: gymnasium's registry names ale-py as their entry
+    point). ale-py is imported only for an id gymnasium does not know yet, so other envs never pay for it."""
+    module, _, name = env_id.rpartition(":")
+    if name.startswith("ALE/"):
+        return True
+    if module not in ("", "ale_py"):  # a user's module registers the env: not ale-py's
+        return False
+    import gymnasium as gym
+
+    spec = gym.registry.get(name)
+    if spec is None:
+        import importlib.util
+
+        if importlib.util.find_spec("ale_py") is None:
+            return False
+        import ale_py  # noqa: F401  (registers its ids)
+
+        spec = gym.registry.get(name)
+    return spec is not None and str(spec.entry_point).startswith("ale_py")
 
 
-def resolve(preprocess: str, env_id: str) -> str:
-    """``env.preprocess`` 'auto' -> 'atari' for ale-py envs, else 'none'."""
+def resolve(preprocess: str, env_id: str, kwargs: Optional[dict] = None) -> str:
+    """``env.preprocess`` 'auto' -> 'atari' for ale-py envs with screen observations, else 'none' (ale-py's
+    ``obs_type: ram`` is a flat 128-byte vector for the MLP). 'atari' with ``obs_type: ram`` is a ConfigError:
+    the preprocessing reads the screen."""
+    ram = (kwargs or {}).get("obs_type") == "ram"
     if preprocess == "auto":
-        return "atari" if is_atari(env_id) else "none"
+        return "atari" if is_atari(env_id) and not ram else "none"
+    if preprocess == "atari" and ram:
+        from ..errors import ConfigError
+
+        raise ConfigError("env.preprocess: atari reads the screen and cannot run with env.kwargs.obs_type ram "
+                          "(use preprocess auto or none: the RAM vector trains an MLP)")
     return preprocess
+
+
+def require_atari_id(env_id: str) -> None:
+    """ConfigError unless ``env_id`` is an ale-py env (``env.preprocess: atari``)."""
+    if not is_atari(env_id):
+        from ..errors import ConfigError, short_repr
+
+        raise ConfigError(f"env.preprocess: atari needs an ale-py env id (ALE/Breakout-v5, BreakoutNoFrameskip-v4, "
+                          f"...), not {short_repr(env_id)}")
 
 
 def make_kwargs(preprocess: str, kwargs: dict) -> dict:

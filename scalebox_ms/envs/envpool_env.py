@@ -52,16 +52,19 @@ ATARI_TRAINING = {"noop_max": 30, "frame_skip": 4, "img_height": 84, "img_width"
 
 def pool_id(env_id: str) -> str:
     """EnvPool's id of ``env_id``: ale-py's ``ALE/Breakout-v5`` is EnvPool's ``Breakout-v5``."""
-    from .atari import is_atari
-
-    return env_id.split(":", 1)[-1][len("ALE/"):] if is_atari(env_id) else env_id
+    name = env_id.split(":", 1)[-1]
+    return name[len("ALE/"):] if name.startswith("ALE/") else env_id
 
 
 def check_id(env_id: str) -> None:
     """ConfigError unless EnvPool has ``env_id``."""
+    from .atari import is_atari
+
     envpool = _envpool()
     if pool_id(env_id) not in envpool.list_all_envs():
-        raise ConfigError(f"env.backend: envpool has no {short_repr(env_id)} (envpool.list_all_envs() lists its ids)")
+        hint = ("EnvPool runs ale-py's v5 games: ALE/<Game>-v5, or env.backend gymnasium for the legacy v4 ids"
+                if is_atari(env_id) else "envpool.list_all_envs() lists its ids")
+        raise ConfigError(f"env.backend: envpool has no {short_repr(env_id)} ({hint})")
 
 
 class EnvPoolVectorEnv:
@@ -72,13 +75,16 @@ class EnvPoolVectorEnv:
         from gymnasium.vector import AutoresetMode
         from gymnasium.vector.utils import batch_space
 
-        from .atari import is_atari
+        from .atari import is_atari, require_atari_id
 
         check_id(env_id)
         self.env_id, self.num_envs, self.kwargs = env_id, int(num_envs), dict(kwargs or {})
         self.atari = preprocess == "atari"
-        if self.atari and not is_atari(env_id):
-            raise ConfigError(f"env.preprocess: atari needs an ale-py env id (ALE/...), not {short_repr(env_id)}")
+        if self.atari:
+            require_atari_id(env_id)
+        if is_atari(env_id) and self.kwargs.get("obs_type") == "ram":
+            raise ConfigError("env.kwargs.obs_type: ram is not available with env.backend envpool (EnvPool's Atari "
+                              "envs give screen frames); use env.backend gymnasium")
         if is_atari(env_id) and not self.atari:
             raise ConfigError(f"env.preprocess: none with env.backend envpool: EnvPool's Atari envs always "
                               f"preprocess ({short_repr(env_id)}); use auto (or backend gymnasium for raw frames)")

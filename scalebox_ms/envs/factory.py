@@ -60,11 +60,11 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     if backend == "envpool":
         from .envpool_env import EnvPoolVectorEnv
 
-        return _probed(EnvPoolVectorEnv(env_id, num_envs, kwargs, preprocess=atari.resolve(preprocess, env_id)),
+        return _probed(EnvPoolVectorEnv(env_id, num_envs, kwargs, preprocess=atari.resolve(preprocess, env_id, kwargs)),
                        env_id, kwargs)
-    preprocess = atari.resolve(preprocess, env_id)
-    if preprocess == "atari" and not atari.is_atari(env_id):
-        raise ConfigError(f"env.preprocess: atari needs an ale-py env id (ALE/...), not {short_repr(env_id)}")
+    preprocess = atari.resolve(preprocess, env_id, kwargs)
+    if preprocess == "atari":
+        atari.require_atari_id(env_id)
     kwargs = atari.make_kwargs(preprocess, dict(kwargs or {}))
     wrap = (preprocess, evaluation)
     registered_id = env_id
@@ -101,7 +101,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
                                   f"{_first_line(exc)}); check sandbox.worker_memory_limit/step_timeout") from None
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
-                    and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS else "sync")
+                    and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS
+                    and not atari.is_atari(env_id) else "sync")  # (ale-py's is its own preprocessing pipeline)
             extra = {"wrappers": atari.wrappers(*wrap)} if preprocess != "none" else {}
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **extra, **kwargs)
     except gym.error.DependencyNotInstalled as exc:

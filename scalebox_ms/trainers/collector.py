@@ -43,7 +43,7 @@ class RolloutCollector:
 
         # Atari: episode statistics are whole games with raw rewards (info["game_return"], envs.atari.GameStats),
         # not the lives with clipped rewards that training sees as episodes
-        self.game_stats = resolve(e.preprocess, e.id) == "atari"
+        self.game_stats = resolve(e.preprocess, e.id, e.kwargs) == "atari"
         features = config.policy.features
         try:
             self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id, features)
