@@ -23,8 +23,8 @@ from typing import Any, Dict, List, Optional, Union
 import yaml
 
 from .config_offpolicy import ALGOS, POLICY_DEFAULTS, DQNConfig, SACConfig, TD3Config
-from .config_yaml import coerce, first_line, load_yaml, set_field, unknown_key
-from .errors import ConfigError, short_repr
+from .config_yaml import coerce, load_yaml, set_field, unknown_key
+from .errors import ConfigError, first_line, short_repr
 
 
 @dataclass

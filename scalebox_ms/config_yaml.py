@@ -25,7 +25,7 @@ from typing import Any, Dict, List
 
 import yaml
 
-from .errors import ConfigError, short_repr
+from .errors import ConfigError, first_line, short_repr
 
 #: most YAML nodes (mappings, sequences, scalars, keys included) a config document may expand to
 MAX_NODES = 10_000
@@ -118,10 +118,6 @@ def unknown_key(where: str, key: str, known) -> str:
     hint = difflib.get_close_matches(str(key), names, n=1)
     suffix = f" (did you mean '{hint[0]}'?)" if hint else f" (known: {', '.join(names)})"
     return f"{where}: unknown key {short_repr(key)}{suffix}"
-
-
-def first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def set_field(section_obj, section: str, key: str, value: Any) -> None:

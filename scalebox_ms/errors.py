@@ -17,6 +17,21 @@ _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozens
 _REPR.maxlong = _REPR.maxother = 100
 
 
+#: exception messages that say nothing on their own -> what they mean where scalebox_ms meets them
+_OPAQUE = {
+    # numpy, inside gymnasium's vector envs batching the sub-envs' observations (np.stack(..., out=))
+    "Output array is the wrong shape": "an observation whose shape differs from the env's observation_space",
+}
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type's name when empty), explained where the message alone is
+    opaque (:data:`_OPAQUE`)."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return f"{line} ({_OPAQUE[line]})" if line in _OPAQUE else line
+
+
 def short_repr(value, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters, with an ellipsis and the original length when cut.
 

@@ -1,4 +1,4 @@
-"""CartPole variants that crash, hang or blow their memory at a given step (for isolation tests), or tell a test
+"""CartPole variants that crash, hang, blow their memory or return a wrongly shaped observation at a given step (for isolation tests), or tell a test
 that a process is stepping its env (``Marking``: creates the file named by ``$FAULTY_ENVS_MARK``, if set).
 
 Used as env ids ``faulty_envs:CrashingCartPole-v0`` etc.: gymnasium imports this module (registering the
@@ -9,6 +9,7 @@ import os
 import time
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 
@@ -47,13 +48,16 @@ class FaultyCartPole(CartPoleEnv):
                 blob[0] = 1
             if self.fault == "raise":
                 raise ValueError("env bug")
+            if self.fault == "shape":  # an observation of 5 numbers where the space declares 4
+                obs, reward, terminated, truncated, info = super().step(action)
+                return np.append(obs, 0.0).astype(np.float32), reward, terminated, truncated, info
             if self.fault == "mark" and os.environ.get("FAULTY_ENVS_MARK"):
                 open(os.environ["FAULTY_ENVS_MARK"], "w").close()
         return super().step(action)
 
 
 for name, fault in [("Crashing", "crash"), ("Hanging", "hang"), ("MemoryHog", "memory"), ("Raising", "raise"),
-                    ("Marking", "mark")]:
+                    ("Marking", "mark"), ("WrongShape", "shape")]:
     gym.register(f"{name}CartPole-v0", entry_point=FaultyCartPole, kwargs={"fault": fault, "at": 5},
                  max_episode_steps=500)
 gym.register("ResetCrashingCartPole-v0", entry_point=ResetCrashingCartPole, max_episode_steps=500)

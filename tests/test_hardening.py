@@ -187,6 +187,23 @@ def test_an_env_that_raises_mid_training_is_a_one_line_training_error(algo):
                     r"\(faulty_envs\.py:\d+ in step\): env bug; the run stops", message), message
 
 
+def test_an_observation_of_the_wrong_shape_is_explained_not_just_numpys_message():
+    """gymnasium's vector env batches observations with numpy, whose error says only 'Output array is the wrong
+    shape': the message says what it means."""
+    from scalebox_ms.trainers import PPOTrainer
+
+    tr = PPOTrainer(small_config(env={"id": "faulty_envs:WrongShapeCartPole-v0", "num_envs": 2},
+                                 run={"total_steps": 256}))
+    try:
+        with pytest.raises(TrainingError) as exc:
+            tr.learn()
+    finally:
+        tr.close()
+    assert re.match(r"env 'faulty_envs:WrongShapeCartPole-v0': step\(\) raised ValueError at step \d+.*: Output array "
+                    r"is the wrong shape \(an observation whose shape differs from the env's observation_space\); "
+                    r"the run stops", str(exc.value)), exc.value
+
+
 def test_an_env_that_raises_during_evaluation_is_an_evaluation_error():
     from scalebox_ms.trainers.evaluation import EvaluationError, run_episodes
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import ConfigError, short_repr, user_code_origin
+from ..errors import ConfigError, first_line, short_repr, user_code_origin
 from .spaces import SpaceSpec
 
 
@@ -78,13 +78,13 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
             raise ConfigError(f"env.id: {short_repr(env_id)}: cannot import {module!r} ({exc})") from None
         except Exception as exc:  # the user's module fails while it is imported (any error of theirs)
             raise ConfigError(f"env.id: {short_repr(env_id)}: importing {module!r} raised {type(exc).__name__}"
-                              f"{user_code_origin(exc)}: {_first_line(exc)}") from None
+                              f"{user_code_origin(exc)}: {first_line(exc)}") from None
     if atari.is_atari(env_id):
         atari.import_ale()
     try:
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:
-        raise ConfigError(f"env.id: unknown environment {short_repr(env_id)} ({_first_line(exc)})") from None
+        raise ConfigError(f"env.id: unknown environment {short_repr(env_id)} ({first_line(exc)})") from None
     if evaluation and spec.max_episode_steps is None and "max_episode_steps" not in kwargs \
             and not atari.is_atari(env_id):  # (ALE cuts its games itself: max_num_frames_per_episode)
         kwargs["max_episode_steps"] = EVAL_MAX_EPISODE_STEPS
@@ -98,7 +98,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
                                         memory_limit_bytes=worker_memory_limit, wrap=wrap)
             except WorkerFailure as exc:
                 raise ConfigError(f"env.id: {short_repr(env_id)} cannot start in an isolated worker ({exc.kind}: "
-                                  f"{_first_line(exc)}); check sandbox.worker_memory_limit/step_timeout") from None
+                                  f"{first_line(exc)}); check sandbox.worker_memory_limit/step_timeout") from None
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
                     and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS
@@ -106,12 +106,12 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
             extra = {"wrappers": atari.wrappers(*wrap)} if preprocess != "none" else {}
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **extra, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
-        raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({_first_line(exc)})") from None
+        raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({first_line(exc)})") from None
     except (gym.error.Error, TypeError, ValueError) as exc:
-        raise ConfigError(f"env.id: cannot create {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} ({_first_line(exc)})") from None
+        raise ConfigError(f"env.id: cannot create {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} ({first_line(exc)})") from None
     except Exception as exc:  # the env's own constructor (or its entry point) failed: name it and where
         raise ConfigError(f"env.id: cannot create {short_repr(env_id)}: {type(exc).__name__}{user_code_origin(exc)}: "
-                          f"{_first_line(exc)}") from None
+                          f"{first_line(exc)}") from None
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if AutoresetMode(autoreset) != AutoresetMode.NEXT_STEP:
         env.close()
@@ -132,7 +132,7 @@ def _probed(env, env_id: str, kwargs):
     except Exception as exc:
         env.close()
         raise ConfigError(f"env.id: {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} fails its first step "
-                          f"({type(exc).__name__}: {_first_line(exc)})") from None
+                          f"({type(exc).__name__}: {first_line(exc)})") from None
     return env
 
 
@@ -180,6 +180,3 @@ def space_spec(obs_space, act_space, env_id: str = "env", features: str = "auto"
                       "MultiDiscrete and MultiBinary actions")
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

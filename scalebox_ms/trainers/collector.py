@@ -18,8 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..config_yaml import first_line
-from ..errors import ScaleboxError, TrainingError, user_code_origin
+from ..errors import ScaleboxError, TrainingError, first_line, user_code_origin
 
 
 class RolloutCollector:

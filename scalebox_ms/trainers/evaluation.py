@@ -25,8 +25,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from ..config_yaml import first_line
-from ..errors import ConfigError, ScaleboxError, user_code_origin
+from ..errors import ConfigError, ScaleboxError, first_line, user_code_origin
 from ..parallel.launcher import beat
 
 
