@@ -24,6 +24,17 @@ def say(line: str) -> None:
         pass
 
 
+def say_out(text: str) -> None:
+    """``text`` to stdout, as :func:`say` to stderr: for output that is also in a file (train's summary is
+    ``summary.json``), where a terminal hung up (SIGHUP) or a closed pipe must not turn a finished run into an
+    error."""
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
 def run_cli(fn) -> int:
     """Call ``fn()``; turn scalebox_ms errors into one stderr line and exit code 2."""
     from .errors import ScaleboxError

@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 
-from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, run_cli, say
+from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, run_cli, say, say_out
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpole.yaml")
 
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
                             progress=False if args.no_progress else None, profile=args.profile,
                             log=say, checkpoint=args.checkpoint)
         if summary is not None and not in_msrun():  # under msrun the launcher prints rank 0's summary
-            print(json.dumps(summary, indent=2))
+            say_out(json.dumps(summary, indent=2))
         if summary is not None and summary["status"] == "interrupted":
             say(f"interrupted by {summary['interrupted_by']} at step {summary['global_step']} (checkpoint "
                 f"written); continue with --resume {summary['run_dir']}")
@@ -171,7 +171,7 @@ def _launch_workers(args, argv, cfg, workers: int):
             shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run that never started: leave nothing behind
         return code
     with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
-        print(json.dumps({**json.load(f), "run_dir": run_dir}, indent=2))
+        say_out(json.dumps({**json.load(f), "run_dir": run_dir}, indent=2))
     return 0
 
 

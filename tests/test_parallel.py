@@ -429,19 +429,21 @@ def test_a_hung_worker_stops_the_job_with_every_ranks_stack(tmp_path):
 
 
 @pytest.mark.integration
-def test_sigterm_to_the_launcher_stops_the_whole_job_and_leaves_it_resumable(tmp_path):
-    """SIGTERM (a job scheduler, `kill`) used to kill the launcher alone, leaving msrun and its ranks training
-    with the run's lock released; now it stops them as Ctrl-C does and exits 143."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_to_the_launcher_stops_the_whole_job_and_leaves_it_resumable(tmp_path, signum):
+    """SIGTERM (a job scheduler, `kill`) or SIGHUP (the terminal closed) used to kill the launcher alone, leaving
+    msrun and its ranks training with the run's lock released; now it stops them as Ctrl-C does and exits
+    128 + signum."""
     from scalebox_ms.trainers.checkpoint import list_checkpoints
 
     proc, run_dir = _start_job(tmp_path)
     try:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 143, err[-2000:]
+    assert proc.returncode == 128 + signum, err[-2000:]
     assert err.strip().splitlines()[-1] == "interrupted" and out == ""
     assert _processes_of(run_dir) == []
     assert list_checkpoints(os.path.join(run_dir, "checkpoints"))  # --resume has a checkpoint to continue from

@@ -296,6 +296,28 @@ def test_a_signal_stops_at_the_iteration_boundary_with_checkpoint_and_summary(tm
     assert train_run(resume=str(run_dir), log=quiet)["global_step"] == 256
 
 
+def test_sighup_stops_like_sigterm_unless_nohup_ignores_it(monkeypatch):
+    """A closed terminal used to kill a run without a checkpoint (SIGHUP's default); under nohup (SIGHUP ignored)
+    the run must stay deaf to it."""
+    from scalebox_ms.trainers.lifecycle import StopOnSignal
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        stopper = StopOnSignal(quiet).install()
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert stopper.name == "SIGHUP" and stopper.on_iteration_end(None, {}) is False
+        stopper.restore()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        stopper = StopOnSignal(quiet).install()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert stopper.signum is None
+        stopper.restore()
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 def test_a_second_signal_aborts_at_once(tmp_path, monkeypatch):
     _signal_at(monkeypatch, 64, [signal.SIGTERM, signal.SIGTERM])
     before = signal.getsignal(signal.SIGTERM)
@@ -307,7 +329,7 @@ def test_a_second_signal_aborts_at_once(tmp_path, monkeypatch):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_to_the_cli_checkpoints_and_exits_128_plus_signum(tmp_path, signum, code):
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=REPO)

@@ -279,13 +279,21 @@ def _default_sigint() -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM to the launcher: the job is stopped as for Ctrl-C; the CLI exits 128 + 15."""
+    """SIGTERM or SIGHUP to the launcher: the job is stopped as for Ctrl-C; the CLI exits 128 + signum."""
 
-    signum = int(signal.SIGTERM)
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
 
 
 def _terminated(signum, frame):
-    raise Terminated("SIGTERM")
+    raise Terminated(signum)
+
+
+def _stopping_signals() -> List[int]:
+    """The signals the launcher turns into a clean stop of the job besides Ctrl-C: SIGTERM, and SIGHUP unless it is
+    ignored (``nohup``)."""
+    return [signal.SIGTERM] + ([] if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else [signal.SIGHUP])
 
 
 # MindSpore's cluster heartbeat interval, drawn between these bounds in whole seconds (its defaults: 3 and 5): each
@@ -328,7 +336,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     t0 = time.time()
     main = threading.current_thread() is threading.main_thread()
     old_int = signal.getsignal(signal.SIGINT) if main else None
-    old_term = signal.signal(signal.SIGTERM, _terminated) if main else None  # (before msrun exists)
+    # (before msrun exists)
+    old = {s: signal.signal(s, _terminated) for s in _stopping_signals()} if main else {}
     proc = None
     dead_pid = None
     died: list = []  # (filled by the watcher thread)
@@ -349,16 +358,17 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
                 continue
             stream.write(line)
         rc = proc.wait()
-    except BaseException:  # Ctrl-C, SIGTERM (_terminated: exit 130 / 143), or a broken stderr pipe: no job is
-        if main:           # left running without its launcher (a second signal must not cut the clean-up short)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except BaseException:  # Ctrl-C, SIGTERM/SIGHUP (_terminated: exit 130 / 143 / 129), or a broken stderr pipe:
+        if main:           # no job is left running without its launcher (a second signal must not cut it short)
+            for s in [signal.SIGINT, *old]:
+                signal.signal(s, signal.SIG_IGN)
         if proc is not None and proc.poll() is None:
             _stop_job(proc)  # msrun's workers and scheduler run in sessions of their own: stop them all
         raise
     finally:
         if main:
-            signal.signal(signal.SIGTERM, old_term)
+            for s, handler in old.items():
+                signal.signal(s, handler)
             signal.signal(signal.SIGINT, old_int)
     if rc == 0 and not died and not hung and dead_pid is None:  # (msrun stopped by us after an exception: rc 0)
         return 0

@@ -1,5 +1,5 @@
 """The parts of a run's life around training: which checkpoint a resume continues from, whether the run's config
-still matches it, and stopping cleanly on SIGINT/SIGTERM."""
+still matches it, and stopping cleanly on SIGINT/SIGTERM/SIGHUP."""
 from __future__ import annotations
 
 import csv
@@ -130,7 +130,7 @@ def truncate_metrics(path: str, global_step: int) -> None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """A second SIGINT/SIGTERM: abort at once (the CLI exits 128 + signum)."""
+    """A second SIGINT/SIGTERM/SIGHUP: abort at once (the CLI exits 128 + signum)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -138,10 +138,11 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopOnSignal(Callback):
-    """SIGINT/SIGTERM ask the run to stop at the next iteration boundary (checkpoint + summary); a second one
-    aborts at once. ``install()``/``restore()`` put and take back the handlers (main thread only)."""
+    """SIGINT/SIGTERM/SIGHUP ask the run to stop at the next iteration boundary (checkpoint + summary); a second one
+    aborts at once. ``install()``/``restore()`` put and take back the handlers (main thread only). SIGHUP (the
+    terminal closed, an ssh session dropped) stays ignored where it is (``nohup``)."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, log):
         self.log = log
@@ -155,6 +156,8 @@ class StopOnSignal(Callback):
     def install(self) -> "StopOnSignal":
         if threading.current_thread() is threading.main_thread():
             for s in self.SIGNALS:
+                if s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN:
+                    continue
                 self._previous[s] = signal.signal(s, self._handle)
         return self
 
@@ -167,9 +170,12 @@ class StopOnSignal(Callback):
         if self.signum is not None:
             raise Interrupted(signum)
         self.signum = signum
-        self.log(f"{signal.Signals(signum).name}: stopping at the end of this iteration (checkpoint + summary); "
-                 "send it again to abort at once")
-        sys.stderr.flush()
+        try:  # (after SIGHUP the terminal may be gone: writing to it fails)
+            self.log(f"{signal.Signals(signum).name}: stopping at the end of this iteration (checkpoint + summary); "
+                     "send it again to abort at once")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
 
     def on_iteration_end(self, trainer, metrics):
         return False if self.signum is not None else None
