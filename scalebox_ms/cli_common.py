@@ -54,6 +54,23 @@ def run_cli(fn) -> int:
     return 0
 
 
+def import_mindspore() -> None:
+    """Import MindSpore whole: a Ctrl-C during its import (~1.5 s) is held back until the import is done, then
+    raised (KeyboardInterrupt). A KeyboardInterrupt inside the import left MindSpore half-initialised, and the
+    interpreter then aborted while shutting down (SIGABRT, exit 134, a screen of "Fatal Python error")."""
+    if "mindspore" in sys.modules or threading.current_thread() is not threading.main_thread():
+        import mindspore  # noqa: F401
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        import mindspore  # noqa: F401
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
+
+
 def route_sigint_around_mindspore() -> None:
     """Deliver Ctrl-C to the main thread's Python handler as SIGINT, whatever MindSpore does with it.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, run_cli
+from .cli_common import OneLineArgumentParser, import_mindspore, route_sigint_around_mindspore, run_cli
 
 
 def build_parser():
@@ -44,6 +44,7 @@ def main(argv=None) -> int:
         if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):
             raise CheckpointError(f"--run {args.run}: not a run directory (no config.yaml)")
 
+        import_mindspore()
         from .config import load_config
         from .trainers import make_trainer
         from .trainers.checkpoint import load_into
@@ -81,6 +82,7 @@ def _evaluate_mindir(args) -> None:
 
     if args.checkpoint or args.stochastic:
         raise ConfigError("--checkpoint/--stochastic do not apply to --mindir (an exported policy is deterministic)")
+    import_mindspore()
     rets = evaluate_mindir(args.mindir, episodes=args.episodes, seed=args.seed)
     result = {**return_stats(rets), "mindir": args.mindir, "deterministic": True}
     if args.json:

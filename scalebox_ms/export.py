@@ -296,7 +296,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    from .cli_common import route_sigint_around_mindspore, run_cli
+    from .cli_common import import_mindspore, route_sigint_around_mindspore, run_cli
 
     if argv is None:  # a process of its own: Ctrl-C must not become MindSpore's SIGTERM (see cli_common)
         route_sigint_around_mindspore()
@@ -318,6 +318,7 @@ def main(argv=None) -> int:
         output = args.output or os.path.join(args.run, f"policy_int8_{level}.mindir" if args.int8 else "policy.mindir")
         if not output.endswith(".mindir"):
             raise ConfigError(f"--output {output}: must end with .mindir")
+        import_mindspore()
         from .config import load_config
         from .trainers import make_trainer
         from .trainers.checkpoint import load_into

@@ -29,7 +29,8 @@ import os
 import signal
 import sys
 
-from .cli_common import OneLineArgumentParser, route_sigint_around_mindspore, run_cli, say, say_out
+from .cli_common import (OneLineArgumentParser, import_mindspore, route_sigint_around_mindspore, run_cli, say,
+                         say_out)
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpole.yaml")
 
@@ -114,6 +115,7 @@ def main(argv=None) -> int:
         if workers > 1 and not in_msrun():  # this process launches msrun and waits for it
             exit_code[0] = _launch_workers(args, argv, cfg, workers)
             return
+        import_mindspore()
         from .trainers.run import train_run
 
         summary = train_run(cfg, run_dir=args.run_dir, resume=args.resume, until=args.until,

@@ -275,3 +275,45 @@ def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool, m
             proc.kill()
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
     assert err.strip().splitlines()[-1] == "interrupted"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("nth", [300, 900])
+def test_ctrl_c_while_mindspore_is_imported_is_a_clean_interrupt(tmp_path, nth):
+    """A Ctrl-C in the ~1.5 s MindSpore takes to import used to interrupt the import half-way; the interpreter then
+    aborted on its way out (SIGABRT, exit 134, "Fatal Python error"). Here the CLI's own path (SIGINT routed around
+    MindSpore, then import_mindspore) gets SIGINT while the nth of MindSpore's ~1,200 modules is being imported."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    script = tmp_path / "ctrl_c_in_import.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "from scalebox_ms.cli_common import import_mindspore, route_sigint_around_mindspore, run_cli\n"
+        "route_sigint_around_mindspore()\n"
+        "class CtrlC:  # a meta path finder that only watches: SIGINT once, inside MindSpore's import\n"
+        "    seen = 0\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith('mindspore.'):\n"
+        "            CtrlC.seen += 1\n"
+        f"            if CtrlC.seen == {nth}:\n"
+        "                os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "def go():\n"
+        "    import_mindspore()\n"
+        "    print('not interrupted')\n"
+        "sys.exit(run_cli(go))\n")
+
+    def as_from_a_terminal():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    r = subprocess.run([sys.executable, str(script)], env=dict(os.environ, PYTHONPATH=REPO),
+                       capture_output=True, text=True, timeout=120, preexec_fn=as_from_a_terminal)
+    assert r.returncode == 130, r.stderr[-2000:]
+    assert r.stderr.strip() == "interrupted" and r.stdout == ""
