@@ -48,7 +48,7 @@ def run_cli(fn) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         say(f"error: {where}{exc.strerror or exc}")
         return 2
-    except KeyboardInterrupt as exc:  # (scalebox_ms.trainers.lifecycle.Interrupted carries SIGTERM's number)
+    except KeyboardInterrupt as exc:  # (scalebox_ms.errors.Interrupted carries the signal's number)
         say("interrupted")
         return 128 + getattr(exc, "signum", 2)
     return 0

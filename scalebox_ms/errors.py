@@ -7,6 +7,7 @@ value quote it through :func:`short_repr`, so a hostile or mistaken value cannot
 from __future__ import annotations
 
 import reprlib
+import signal
 
 #: longest error message, in characters
 MAX_MESSAGE = 500
@@ -15,6 +16,15 @@ _REPR = reprlib.Repr()
 _REPR.maxlevel = 3
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = 8
 _REPR.maxlong = _REPR.maxother = 100
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops at once: a second SIGINT/SIGTERM/SIGHUP during a run, or SIGTERM/SIGHUP to the
+    ``--workers`` launcher. The CLIs exit 128 + ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
 
 
 #: exception messages that say nothing on their own -> what they mean where scalebox_ms meets them

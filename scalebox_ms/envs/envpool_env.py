@@ -82,10 +82,11 @@ class EnvPoolVectorEnv:
         self.atari = preprocess == "atari"
         if self.atari:
             require_atari_id(env_id)
-        if is_atari(env_id) and self.kwargs.get("obs_type") == "ram":
+        ale = is_atari(env_id)
+        if ale and self.kwargs.get("obs_type") == "ram":
             raise ConfigError("env.kwargs.obs_type: ram is not available with env.backend envpool (EnvPool's Atari "
                               "envs give screen frames); use env.backend gymnasium")
-        if is_atari(env_id) and not self.atari:
+        if ale and not self.atari:
             raise ConfigError(f"env.preprocess: none with env.backend envpool: EnvPool's Atari envs always "
                               f"preprocess ({short_repr(env_id)}); use auto (or backend gymnasium for raw frames)")
         clash = sorted(set(self.kwargs) & set(ATARI_TRAINING)) if self.atari else []

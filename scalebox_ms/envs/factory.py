@@ -65,6 +65,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     preprocess = atari.resolve(preprocess, env_id, kwargs)
     if preprocess == "atari":
         atari.require_atari_id(env_id)
+    ale = atari.is_atari(env_id)
     kwargs = atari.make_kwargs(preprocess, dict(kwargs or {}))
     wrap = (preprocess, evaluation)
     registered_id = env_id
@@ -79,14 +80,14 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         except Exception as exc:  # the user's module fails while it is imported (any error of theirs)
             raise ConfigError(f"env.id: {short_repr(env_id)}: importing {module!r} raised {type(exc).__name__}"
                               f"{user_code_origin(exc)}: {first_line(exc)}") from None
-    if atari.is_atari(env_id):
+    if ale:
         atari.import_ale()
     try:
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: unknown environment {short_repr(env_id)} ({first_line(exc)})") from None
     if evaluation and spec.max_episode_steps is None and "max_episode_steps" not in kwargs \
-            and not atari.is_atari(env_id):  # (ALE cuts its games itself: max_num_frames_per_episode)
+            and not ale:  # (ALE cuts its games itself: max_num_frames_per_episode)
         kwargs["max_episode_steps"] = EVAL_MAX_EPISODE_STEPS
         _log_eval_cap(env_id)
     try:
@@ -102,7 +103,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
                     and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS
-                    and not atari.is_atari(env_id) else "sync")  # (ale-py's is its own preprocessing pipeline)
+                    and not ale else "sync")  # (ale-py's is its own preprocessing pipeline)
             extra = {"wrappers": atari.wrappers(*wrap)} if preprocess != "none" else {}
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **extra, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
@@ -178,5 +179,3 @@ def space_spec(obs_space, act_space, env_id: str = "env", features: str = "auto"
                           action_kind="multibinary")
     raise ConfigError(f"{where} action space {type(act_space).__name__}; scalebox_ms supports Discrete, Box, "
                       "MultiDiscrete and MultiBinary actions")
-
-

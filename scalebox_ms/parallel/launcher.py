@@ -39,6 +39,8 @@ import threading
 import time
 from typing import Dict, List, Optional
 
+from ..errors import Interrupted
+
 RANK_PID_DIR = "msrun"
 #: a worker prints the Python stack of each of its threads into its log on this signal (``faulthandler``)
 STACK_SIGNAL = signal.SIGUSR1
@@ -278,16 +280,9 @@ def _default_sigint() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP to the launcher: the job is stopped as for Ctrl-C; the CLI exits 128 + signum."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
-
-
 def _terminated(signum, frame):
-    raise Terminated(signum)
+    """SIGTERM or SIGHUP to the launcher: the job is stopped as for Ctrl-C; the CLI exits 128 + signum."""
+    raise Interrupted(signum)
 
 
 def _stopping_signals() -> List[int]:

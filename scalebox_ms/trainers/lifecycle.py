@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Dict, List, Optional
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, Interrupted
 from ..fileio import atomic_write_text
 from .checkpoint import newest_intact, resolve_checkpoint, verify_checkpoint
 from .ppo import Callback
@@ -127,14 +127,6 @@ def truncate_metrics(path: str, global_step: int) -> None:
     w.writerow(header)
     w.writerows(kept)
     atomic_write_text(path, buf.getvalue())
-
-
-class Interrupted(KeyboardInterrupt):
-    """A second SIGINT/SIGTERM/SIGHUP: abort at once (the CLI exits 128 + signum)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 class StopOnSignal(Callback):
