@@ -64,6 +64,10 @@ def validate(cfg: Config) -> None:
                "(or env.backend gymnasium for raw frames)")
         _check(s.isolation_level == "none", "sandbox.isolation_level",
                "process isolation applies to gymnasium envs; EnvPool runs its envs in its own C++ threads")
+    if (cfg.amp.level != "O0" or (cfg.algo not in OFF_POLICY and cfg.parallel.workers > 1)) and _atari_frames(e):
+        key = "amp.level" if cfg.amp.level != "O0" else "parallel.workers"
+        raise ConfigError(f"{key}: image observations (NatureCNN, the frames of {short_repr(e.id)}) train in float32 "
+                          "in one process only for now")
     _check(cfg.policy.act_kernel != "custom" or cfg.amp.level == "O0", "policy.act_kernel",
            f"the custom kernel computes in float32 and cannot run a model cast by amp.level {cfg.amp.level}; "
            "use act_kernel builtin or auto")
@@ -210,6 +214,17 @@ def _check_parallel(cfg: Config) -> None:
                    f"({k}) must divide the per-rank minibatch ppo.batch_size / parallel.workers ({per_rank})")
     elif par.micro_batch_size is not None or par.gradient_accumulation > 1:
         raise ConfigError("parallel.gradient_accumulation: needs a fixed ppo.batch_size, not 'auto'")
+
+
+def _atari_frames(e: EnvConfig) -> bool:
+    """An ale-py env whose observations are its screen (all but ``obs_type: ram``): known to be images before any
+    env is built, so ``--workers`` and ``amp.level``, which images cannot use yet, are refused before msrun starts
+    (a custom image env is refused by the trainer, once its spaces are known)."""
+    if e.backend == "native" or (e.kwargs or {}).get("obs_type") == "ram":
+        return False
+    from .envs.atari import is_atari
+
+    return is_atari(e.id)
 
 
 def _check(ok: bool, key: str, msg: str) -> None:

@@ -1,6 +1,9 @@
+import os
+
 import pytest
 import yaml
 
+from conftest import REPO, run_module
 from scalebox_ms.config import Config, load_config
 from scalebox_ms.errors import ConfigError
 
@@ -283,3 +286,32 @@ def test_amp_arguments_get_the_config_checks(kwargs, culprit):
     with pytest.raises(ConfigError) as exc:
         AutoMixedPrecision("O2", **kwargs)
     assert str(exc.value).startswith(culprit)
+
+
+# ------------------------------------------------------------- image observations known from the env id (ale-py)
+@pytest.mark.parametrize("data, culprit", [
+    ({"env": {"id": "ALE/Breakout-v5", "num_envs": 8}, "parallel": {"workers": 2}}, "parallel.workers"),
+    ({"env": {"id": "BreakoutNoFrameskip-v4", "num_envs": 8}, "parallel": {"workers": 2}}, "parallel.workers"),
+    ({"env": {"id": "ALE/Breakout-v5"}, "amp": {"level": "O2"}}, "amp.level"),
+    ({"algo": "dqn", "env": {"id": "ALE/Pong-v5"}, "amp": {"level": "O1"}}, "amp.level"),
+])
+def test_atari_frames_with_workers_or_amp_are_refused_at_config_time(data, culprit):
+    """Image observations train in float32 in one process; for ale-py ids that is known from the config, so the
+    launcher refuses before msrun starts (it used to start the job and fail in rank 1's trainer ~8 s later)."""
+    with pytest.raises(ConfigError, match=rf"^{culprit}: image observations \(NatureCNN, the frames of '"):
+        Config.from_dict(data)
+
+
+def test_atari_ram_observations_may_use_workers_and_amp():
+    Config.from_dict({"env": {"id": "ALE/Breakout-v5", "num_envs": 8, "kwargs": {"obs_type": "ram"}},
+                      "parallel": {"workers": 2}, "amp": {"level": "O2"}})
+
+
+@pytest.mark.integration
+def test_cli_refuses_workers_on_atari_frames_before_launching(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_module("train", "--config", os.path.join(REPO, "configs", "ppo_atari.yaml"), "--workers", "2",
+                   "--run-dir", run_dir, "--no-progress", timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: parallel.workers: image observations")
+    assert len(r.stderr.strip().splitlines()) == 1 and not run_dir.exists()
+    assert "msrun" not in r.stdout + r.stderr
