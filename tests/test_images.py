@@ -516,3 +516,20 @@ def test_atari_checkpoint_resumes_with_fresh_games_and_a_small_sidecar(tmp_path)
         assert b.global_step == 128
     finally:
         b.close()
+
+
+@pytest.mark.slow
+def test_breakout_ppo_with_one_mindspore_thread_reproduces_in_a_fresh_process(tmp_path):
+    """With MindSpore's CPU kernels on 2 threads, two fresh processes of PPO on Breakout part in the last bits from
+    the second update's ~19th minibatch step on (docs/design.md); with ``sandbox.threads: 1`` they give the same
+    parameters (3 updates: 48 minibatch steps, past the point where they used to part)."""
+    from conftest import run_module
+
+    hashes = []
+    for name in ("a", "b"):
+        r = run_module("train", "--config", os.path.join(REPO, "configs", "ppo_atari.yaml"), "--total-steps", 3072,
+                       "--set", "run.eval_episodes=0", "--set", "sandbox.threads=1", "--run-dir", tmp_path / name,
+                       "--no-progress", timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        hashes.append(json.loads(r.stdout)["param_sha256"])
+    assert hashes[0] == hashes[1]
