@@ -19,7 +19,10 @@ def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    suffix = os.path.splitext(path)[1]
+    name = os.path.basename(path)
+    # the extension, also of a name that is only an extension ('.ckpt': splitext sees none; MindSpore's writer then
+    # appends its own and the temporary file stays empty)
+    suffix = name[name.rfind("."):] if "." in name else ""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", suffix=suffix, dir=directory)
     os.close(fd)
     try:

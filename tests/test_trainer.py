@@ -117,6 +117,43 @@ def test_checkpoint_roundtrip_restores_everything(tmp_path, kernel):
         t.close()
 
 
+def test_save_into_a_directory_uses_the_runs_checkpoint_name(tmp_path, small_cfg, monkeypatch):
+    """``save("adir/")`` (or ``""``, or an existing directory) used to write an empty ``adir/.ckpt`` and report
+    success, the weights left behind in a temporary file: the directory now gets ``ckpt_<step>``, which
+    ``load_trainer(directory)`` finds."""
+    from scalebox_ms.trainers import load_trainer
+
+    a = PPOTrainer(small_cfg)
+    try:
+        a.learn(until=64)
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "existing").mkdir()
+        for prefix, directory in (("adir/", "adir"), ("", "."), ("existing", "existing")):
+            path = a.save(prefix)
+            assert path == os.path.join(directory, "ckpt_000000000064.json")
+            assert {"ckpt_000000000064.ckpt", "ckpt_000000000064.json"} <= set(os.listdir(tmp_path / directory))
+            assert not [n for n in os.listdir(tmp_path / directory) if n.startswith(".")]  # no temporaries left
+            b = load_trainer(directory)
+            assert b.global_step == 64 and b.parameters_sha256() == a.parameters_sha256()
+            b.close()
+        with pytest.raises(CheckpointError, match="save: the checkpoint prefix must be a path, got int"):
+            a.save(3)
+    finally:
+        a.close()
+
+
+def test_atomic_path_keeps_the_extension_of_a_name_that_is_only_an_extension(tmp_path):
+    """MindSpore's writers append their extension to a path without it: the temporary path must end in it too."""
+    from scalebox_ms.fileio import atomic_path
+
+    target = tmp_path / ".ckpt"
+    with atomic_path(str(target)) as tmp:
+        assert tmp.endswith(".ckpt")
+        with open(tmp, "wb") as f:
+            f.write(b"weights")
+    assert target.read_bytes() == b"weights" and os.listdir(tmp_path) == [".ckpt"]
+
+
 def test_corrupt_and_mismatched_checkpoints_are_refused(tmp_path, small_cfg):
     a = PPOTrainer(small_cfg)
     path = a.save(str(tmp_path / "ck"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import os
 
 import numpy as np
 
@@ -64,11 +65,19 @@ def parameters_sha256(model) -> str:
 
 
 def save(trainer, prefix: str) -> str:
-    """Write a checkpoint of ``trainer`` at ``prefix``; returns the sidecar path."""
+    """Write a checkpoint of ``trainer`` at ``prefix``; returns the sidecar path. A directory (an existing one, a
+    path ending in a separator, or ``""`` for the current one) gets the run's own name for the checkpoint,
+    ``<directory>/ckpt_<global step>``, which ``load_trainer(directory)`` finds."""
     import mindspore as ms
 
     from ..envs import state as env_state
-    from .checkpoint import write_checkpoint
+    from .checkpoint import checkpoint_prefix, write_checkpoint
+
+    if not isinstance(prefix, (str, os.PathLike)):
+        raise CheckpointError(f"save: the checkpoint prefix must be a path, got {type(prefix).__name__}")
+    prefix = os.fspath(prefix)
+    if prefix == "" or prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
+        prefix = checkpoint_prefix(prefix or ".", trainer.global_step)
 
     c = trainer.collector
     # stored in the logical (nn.Dense) layout whatever policy.layer/align: FusedDense padding is not saved, and
