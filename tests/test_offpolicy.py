@@ -76,6 +76,17 @@ def test_algorithm_refuses_the_wrong_action_space(algo, env_id, what):
 
 
 # ---------------------------------------------------------------------- replay buffer
+@pytest.mark.parametrize("config", ["configs/sac_pendulum.yaml", 3, ["algo", "sac"]])
+def test_make_trainer_refuses_what_is_not_a_config_in_one_line(config):
+    """make_trainer used to fail with AttributeError ('str' object has no attribute 'algo') where the trainer
+    classes give a ConfigError."""
+    from scalebox_ms.trainers import make_trainer
+
+    hint = r" \(a YAML file: load_config\(path\)\)" if isinstance(config, str) else "$"
+    with pytest.raises(ConfigError, match=rf"^config: expected Config, dict or None, got {type(config).__name__}{hint}"):
+        make_trainer(config)
+
+
 def test_masked_add_matches_a_numpy_ring_buffer():
     from scalebox_ms.buffers import ReplayBuffer
     from scalebox_ms.sandbox import Sandbox

@@ -29,7 +29,7 @@ def make_trainer(config=None, sandbox=None, **overrides):
 
     if isinstance(config, dict):
         config = Config.from_dict(config)
-    algo = "ppo" if config is None else config.algo
+    algo = config.algo if isinstance(config, Config) else "ppo"  # (anything else: PPOTrainer's ConfigError)
     return trainer_class(algo)(config, sandbox=sandbox, **overrides)
 
 

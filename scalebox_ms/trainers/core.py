@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from typing import Optional, Union
 
 import numpy as np
@@ -41,7 +42,8 @@ def coerce_config(config: Union[Config, dict, None], algo: str, overrides: dict)
     elif isinstance(config, dict):
         config = Config.from_dict({"algo": algo, **config})
     elif not isinstance(config, Config):
-        raise ConfigError(f"config: expected Config, dict or None, got {type(config).__name__}")
+        raise ConfigError(f"config: expected Config, dict or None, got {type(config).__name__}"
+                          + (" (a YAML file: load_config(path))" if isinstance(config, (str, os.PathLike)) else ""))
     else:
         config = copy.deepcopy(config)
     if config.algo != algo:
