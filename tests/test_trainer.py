@@ -336,3 +336,23 @@ def test_loading_the_latest_checkpoint_of_a_run_still_being_pruned(tmp_path):
     (ckdir / "discarded" / "ckpt_000000000400.json").write_text("{}")
     with pytest.raises(CheckpointError, match="corrupt"):  # (accepted, then loaded)
         load_into(Corrupt(), str(ckdir / "discarded" / "ckpt_000000000400.json"), str(tmp_path))
+
+
+def test_run_seed_decides_the_initial_parameters_with_a_users_sandbox():
+    """A Sandbox passed in used to keep MindSpore's random state as the process left it: a second trainer of the
+    same config got other initial weights, and the Sandbox's seed overrode ``run.seed``."""
+    from scalebox_ms import Sandbox
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = small_config(run={"seed": 3})
+    own = make_trainer(cfg)
+    expected = own.parameters_sha256()
+    own.close()
+    with Sandbox(device="cpu", seed=0) as sb:
+        for _ in range(2):
+            tr = make_trainer(cfg, sandbox=sb)
+            assert tr.parameters_sha256() == expected
+            tr.close()
+        other = make_trainer(small_config(run={"seed": 4}), sandbox=sb)
+        assert other.parameters_sha256() != expected
+        other.close()

@@ -83,6 +83,8 @@ class Trainer:
         self.config = coerce_config(config, self.algo, overrides)
         self.log = logging.getLogger("scalebox_ms")
         self.sandbox = sandbox if sandbox is not None else sandbox_for(self.config)
+        if sandbox is not None:  # run.seed decides the initial parameters, whatever ran in the process before
+            sandbox.reseed(self.config.run.seed)
         self.global_step = 0
         self.iteration = 0
         self.wall_time_s = 0.0  # accumulated over sessions (resume)
