@@ -136,6 +136,45 @@ def test_stochastic_predict_is_reproducible_per_seed():
     assert not np.array_equal(c, tr.predict(obs, deterministic=False, rng=np.random.default_rng(6)))
 
 
+@pytest.mark.parametrize("obs, kwargs, error, message", [
+    ([[0, 0, 0, 0], [0, 0, 0]], {}, ValueError, "predict: observation is a ragged nesting of sequences"),
+    ("abc", {}, ValueError, "predict: observation must hold numbers, got <U3 values"),
+    ({"a": 1}, {}, ValueError, "predict: observation must hold numbers, got object values"),
+    (np.full(4, 1 + 2j), {}, ValueError, "predict: observation must hold numbers, got complex128 values"),
+    (np.array([0, np.nan, 0, 0]), {}, ValueError, "predict: the observation is not finite (NaN or infinity)"),
+    (np.array([[0, 0, 0, 0], [0, np.inf, 0, 0]]), {}, ValueError,
+     "predict: the observation at index 1 is not finite (NaN or infinity)"),
+    (np.zeros(4), {"deterministic": "no"}, TypeError, "predict: deterministic must be True or False, got 'no'"),
+    (np.zeros(4), {"deterministic": False, "rng": "x"}, TypeError,
+     "predict: rng must be a numpy.random.Generator, an int seed or None, got str"),
+])
+def test_predict_refuses_bad_input_in_one_line(obs, kwargs, error, message):
+    """Each used to be a numpy error from deep inside (or, for NaN/inf and 'no', no error at all)."""
+    from scalebox_ms.trainers import PPOTrainer
+
+    tr = PPOTrainer(small_config())
+    try:
+        with pytest.raises(error, match="^" + re.escape(message)):
+            tr.predict(obs, **kwargs)
+    finally:
+        tr.close()
+
+
+def test_predict_takes_an_int_seed_as_rng_and_evaluation_an_integer_episode_count():
+    from scalebox_ms.trainers import PPOTrainer
+    from scalebox_ms.trainers.evaluation import evaluate_policy
+
+    obs = np.random.default_rng(1).standard_normal((256, 4)).astype(np.float32)
+    tr = PPOTrainer(small_config())
+    try:
+        a = tr.predict(obs, deterministic=False, rng=5)
+        np.testing.assert_array_equal(a, tr.predict(obs, deterministic=False, rng=np.random.default_rng(5)))
+        with pytest.raises(ValueError, match=r"^episodes: must be an integer >= 1, got '3'$"):
+            evaluate_policy(tr, episodes="3")
+    finally:
+        tr.close()
+
+
 # ---------------------------------------------------------------------- kernel choices are logged
 def test_both_auto_kernel_rules_log_their_choice_and_reason(caplog, kernel_cache):
     from scalebox_ms.trainers import PPOTrainer

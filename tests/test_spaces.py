@@ -85,6 +85,30 @@ def test_off_space_values_blame_the_env_or_the_caller_and_multibinary_values_are
         enc.encode({**ok, "n": np.array([9, 0])}, "predict")
 
 
+def test_fractional_discrete_values_are_off_space_not_truncated():
+    """A float 1.5 for a Discrete part used to be cast to 1 silently; whole floats (3.0) are still taken."""
+    enc = ObsEncoder(spaces.Dict({"bits": spaces.MultiBinary(2), "n": spaces.Discrete(4)}), "Bad-v0")
+    ok = {"bits": np.array([[0, 1]]), "n": np.array([3.0])}
+    assert enc.encode(ok).shape == (1, 6)
+    with pytest.raises(ValueError, match=r"^predict: observation n = 1.5 at index 0 is outside the env's observation "
+                                         r"space \(discrete: whole numbers\)$"):
+        enc.encode({**ok, "n": np.array([1.5])}, "predict")
+    with pytest.raises(TrainingError, match=r"returned observation bits = 0.5 at env index 0, outside its space "
+                                            r"\(multibinary: whole numbers\)"):
+        enc.encode({**ok, "bits": np.array([[0.5, 1.0]])})
+
+
+def test_shape_check_names_ragged_non_numeric_and_mismatched_batches():
+    enc = ObsEncoder(spaces.Dict({"pos": spaces.Box(-1, 1, (2,)), "n": spaces.Discrete(3)}), "Bad-v0")
+    with pytest.raises(ValueError, match=r"^predict: the observation parts are batches of different sizes "
+                                         r"\(n: 2, pos: 3\)$"):
+        enc.check_shapes({"pos": np.zeros((3, 2)), "n": np.array([0, 1])}, single=False)
+    with pytest.raises(ValueError, match=r"^predict: observation part pos is a ragged nesting of sequences"):
+        enc.check_shapes({"pos": [[0.0, 0.0], [0.0]], "n": np.array([0, 1])}, single=False)
+    with pytest.raises(ValueError, match=r"^predict: observation part n must hold numbers, got <U1 values$"):
+        enc.check_shapes({"pos": np.zeros(2), "n": "a"}, single=True)
+
+
 def test_unsupported_observation_part_names_it():
     space = spaces.Dict({"ok": spaces.Discrete(2), "words": spaces.Text(5)})
     with pytest.raises(ConfigError, match=r"observation part words of type Text") as e:

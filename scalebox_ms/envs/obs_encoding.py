@@ -177,15 +177,23 @@ class ObsEncoder:
     def check_shapes(self, obs, single: bool, what: str = "predict") -> None:
         """A ValueError naming the part (Dict key / Tuple index) of ``obs`` that is missing or whose shape is not the
         observation space's (one observation, or a batch ``(N, *shape)`` when not ``single``)."""
+        sizes = {}
         for leaf in self.leaves:
             part = "observation" if not leaf.path else f"observation part {leaf.name}"
             try:
-                got = tuple(np.shape(self._leaf_value(obs, leaf)))
+                value = self._leaf_value(obs, leaf)
             except (KeyError, IndexError, TypeError):
                 raise ValueError(f"{what}: {part} is missing (the env's observation space is {self.space})") from None
+            value = numbers(value, what, part)
+            got = value.shape
             if (got if single else got[1:]) != tuple(leaf.shape) or (not single and len(got) != len(leaf.shape) + 1):
                 raise ValueError(f"{what}: {part} has shape {got}; the env's observation space needs {leaf.shape} "
                                  f"(one observation) or (N, {', '.join(map(str, leaf.shape))}) (a batch)")
+            if not single:
+                sizes[leaf.name] = got[0]
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"{what}: the observation parts are batches of different sizes "
+                             f"({', '.join(f'{k}: {v}' for k, v in sizes.items())})")
 
     def leaf_arrays(self, obs, what: Optional[str] = None) -> List[np.ndarray]:
         """The batch's leaves in :attr:`leaves` order, each ``(batch, *leaf.shape)`` in its input dtype (image
@@ -195,6 +203,10 @@ class ObsEncoder:
             x = np.asarray(self._leaf_value(obs, leaf))
             if leaf.kind == "image":
                 x = self._pixels(x, what, leaf)
+            elif leaf.kind != "box" and x.dtype.kind == "f" and (x != np.round(x)).any():  # (the cast would truncate)
+                flat = x.reshape(max(1, x.shape[0] if x.ndim else 1), -1)
+                bad = np.argwhere(flat != np.round(flat))[0]
+                self._off_space(what, leaf, flat[tuple(bad)], int(bad[0]), f"{leaf.kind}: whole numbers")
             out.append(x.astype(np.dtype(leaf.input_dtype), copy=False).reshape((-1,) + leaf.shape))
         return out
 
@@ -267,6 +279,18 @@ class ObsEncoder:
                  **({"image": {"chw": list(leaf.chw), "channels_last": leaf.channels_last, "scaled_in_graph": "1/255",
                                "packed": f"{PIXELS_PER_COLUMN} pixels per float32 column"}} if leaf.chw else {})}
                 for leaf in self.leaves]
+
+
+def numbers(value, what: str, part: str = "observation") -> np.ndarray:
+    """``value`` as a numpy array of numbers (bool, integer or real), else a one-line ValueError naming ``what``
+    (e.g. 'predict') and the part: a ragged nesting, strings, objects or complex numbers."""
+    try:
+        array = np.asarray(value)
+    except ValueError:  # (numpy >= 1.24: a ragged nesting)
+        raise ValueError(f"{what}: {part} is a ragged nesting of sequences, not an array of one shape") from None
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"{what}: {part} must hold numbers, got {array.dtype} values")
+    return array
 
 
 def pack_pixels(frames: np.ndarray) -> np.ndarray:

@@ -141,9 +141,11 @@ class Trainer:
     def _as_batch(self, obs, what: str):
         """(batch, single): ``obs`` checked against the observation space and, when it is one observation, given a
         batch axis (a Tuple observation may also come as a list or a 1-D array of its parts)."""
+        from ..envs.obs_encoding import numbers
+
         encoder = self.collector.encoder
         if encoder.plain:
-            obs = np.asarray(obs, np.float32)
+            obs = numbers(obs, what).astype(np.float32, copy=False)
         elif encoder.tuple_space and (isinstance(obs, list) or (isinstance(obs, np.ndarray) and obs.ndim == 1)):
             obs = tuple(obs)
         try:
@@ -192,10 +194,24 @@ class Trainer:
         """Actions for one observation or a batch, as the env returns them (Dict/Tuple spaces: a dict/tuple of
         parts), encoded and normalised with the run's statistics.
 
-        Stochastic actions draw their noise from ``rng``, or from the trainer's own predict stream (seeded from
-        ``run.seed``, separate from the training stream)."""
+        Stochastic actions draw their noise from ``rng`` (a ``numpy.random.Generator``, or an int seed of a fresh
+        one), or from the trainer's own predict stream (seeded from ``run.seed``, separate from the training
+        stream). Observations that are not numbers, not of the space's shape, outside a discrete space, or not
+        finite are a one-line ValueError."""
+        if not isinstance(deterministic, (bool, np.bool_)):
+            raise TypeError(f"predict: deterministic must be True or False, got {deterministic!r}")
+        if rng is not None and not isinstance(rng, np.random.Generator):
+            if isinstance(rng, (bool, np.bool_)) or not isinstance(rng, (int, np.integer)):
+                raise TypeError(f"predict: rng must be a numpy.random.Generator, an int seed or None, got "
+                                f"{type(rng).__name__}")
+            rng = np.random.default_rng(int(rng))
         obs, single = self._as_batch(obs, "predict")
-        batch = self.collector.normalize_obs(self.collector.encode(obs, "predict"), update=False)
+        encoded = self.collector.encode(obs, "predict")
+        if encoded.dtype.kind == "f" and not np.isfinite(encoded).all():
+            row = int(np.argwhere(~np.isfinite(encoded.reshape(len(encoded), -1)))[0][0])
+            raise ValueError(f"predict: the observation{'' if single else f' at index {row}'} is not finite (NaN or "
+                             "infinity)")
+        batch = self.collector.normalize_obs(encoded, update=False)
         if deterministic:
             actions = self._act_deterministic(batch)
         else:

@@ -74,8 +74,8 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
     """
     from ..envs import make_vec_env
 
-    if episodes < 1:
-        raise ValueError(f"episodes: must be >= 1, got {episodes}")
+    if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
+        raise ValueError(f"episodes: must be an integer >= 1, got {episodes!r}")
     limit = episodes if max_restarts is None else int(max_restarts)
     n = min(episodes, max_envs)
     env = make_vec_env(env_id, n, env_kwargs, isolation=isolation, step_timeout=step_timeout,
