@@ -107,6 +107,10 @@ def test_shape_check_names_ragged_non_numeric_and_mismatched_batches():
         enc.check_shapes({"pos": [[0.0, 0.0], [0.0]], "n": np.array([0, 1])}, single=False)
     with pytest.raises(ValueError, match=r"^predict: observation part n must hold numbers, got <U1 values$"):
         enc.check_shapes({"pos": np.zeros(2), "n": "a"}, single=True)
+    one = {"pos": np.zeros(2), "n": 1}
+    with pytest.raises(ValueError, match=r"^predict: observation part n is missing \(the env's observation space is "
+                                         r"Dict.*; a batch is one dict of batched parts, not a list of observations\)$"):
+        enc.check_shapes([one, one], single=False)
 
 
 def test_unsupported_observation_part_names_it():

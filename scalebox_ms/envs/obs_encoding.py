@@ -183,7 +183,14 @@ class ObsEncoder:
             try:
                 value = self._leaf_value(obs, leaf)
             except (KeyError, IndexError, TypeError):
-                raise ValueError(f"{what}: {part} is missing (the env's observation space is {self.space})") from None
+                hint = ""
+                if isinstance(obs, (list, tuple)) and obs and isinstance(obs[0], (dict, list, tuple)):
+                    from gymnasium import spaces
+
+                    kind = "dict" if isinstance(self.space, spaces.Dict) else "tuple"
+                    hint = f"; a batch is one {kind} of batched parts, not a list of observations"
+                raise ValueError(f"{what}: {part} is missing (the env's observation space is {self.space}{hint})") \
+                    from None
             value = numbers(value, what, part)
             got = value.shape
             if (got if single else got[1:]) != tuple(leaf.shape) or (not single and len(got) != len(leaf.shape) + 1):
