@@ -107,7 +107,6 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     """
     import mindspore as ms
 
-    from . import __version__
     from .models.cnn import builtin_patches
 
     if not output.endswith(".mindir"):
@@ -146,14 +145,35 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
             os.unlink(sidecar_path(output))
         os.chmod(tmp_prefix + ".mindir", 0o666 & ~umask())  # (MindSpore writes 0400: unreadable to a service user)
         os.replace(tmp_prefix + ".mindir", output)
-    except OSError as exc:
-        raise ConfigError(f"--output {output}: cannot write ({exc.strerror or exc})") from None
+    except OSError as exc:  # (makedirs under a file raises "File exists": say what is wrong)
+        reason = "Not a directory" if isinstance(exc, FileExistsError) and not os.path.isdir(directory) else \
+            exc.strerror or exc
+        raise ConfigError(f"--output {output}: cannot write ({reason})") from None
     finally:
         if os.path.exists(tmp_prefix + ".mindir"):
             os.unlink(tmp_prefix + ".mindir")
+    try:  # the sidecar, or no file at all: a .mindir without it cannot be run (MindIRPolicy needs the sidecar)
+        sidecar = _sidecar(trainer, output, encoder, spec, quant_info, source)
+        atomic_write_json(sidecar_path(output), sidecar)
+    except BaseException as exc:
+        if os.path.exists(output):
+            os.unlink(output)
+        if isinstance(exc, OSError):
+            raise ConfigError(f"--output {output}: cannot write its sidecar {sidecar_path(output)} "
+                              f"({exc.strerror or exc})") from None
+        raise
+    return sidecar
+
+
+def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:
+    """What an exported file's sidecar records (``output`` is the written .mindir)."""
+    import mindspore as ms
+
+    from . import __version__
+
     obs_space = trainer.env.single_observation_space
     cfg = trainer.config
-    sidecar = {
+    return {
         "format": FORMAT,
         "env_id": cfg.env.id,
         "env_kwargs": cfg.env.kwargs,
@@ -183,8 +203,6 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         "file_bytes": os.path.getsize(output),
         "file_sha256": sha256_file(output),
     }
-    atomic_write_json(sidecar_path(output), sidecar)
-    return sidecar
 
 
 class MindIRPolicy:

@@ -217,6 +217,27 @@ def test_a_mindir_and_a_sidecar_of_different_exports_are_refused_in_one_line(car
     MindIRPolicy(str(tmp_path / "a.mindir"))
 
 
+@pytest.mark.integration
+def test_an_export_whose_sidecar_cannot_be_written_leaves_nothing(cartpole, tmp_path, monkeypatch):
+    """A full disk at the sidecar used to leave the .mindir alone, which evaluate --mindir then refused."""
+    import errno
+
+    import scalebox_ms.export as export
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(export, "atomic_write_json", full)
+    out = tmp_path / "out" / "x.mindir"
+    with pytest.raises(ConfigError, match=r"^--output .*x.mindir: cannot write its sidecar .*x.mindir.json "
+                                          r"\(No space left on device\)$"):
+        export.export_mindir(cartpole, str(out))
+    assert os.listdir(tmp_path / "out") == []
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=r"afile/x.mindir: cannot write \(Not a directory\)$"):
+        export.export_mindir(cartpole, str(tmp_path / "afile" / "x.mindir"))
+
+
 def test_export_refuses_missing_run_and_evaluate_missing_file(tmp_path):
     r = run_module("export", "--run", tmp_path / "none")
     assert r.returncode == 2 and "not a run directory" in r.stderr
