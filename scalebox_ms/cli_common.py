@@ -58,13 +58,24 @@ def import_mindspore() -> None:
     """Import MindSpore whole: a Ctrl-C during its import (~1.5 s) is held back until the import is done, then
     raised (KeyboardInterrupt). A KeyboardInterrupt inside the import left MindSpore half-initialised, and the
     interpreter then aborted while shutting down (SIGABRT, exit 134, a screen of "Fatal Python error")."""
-    if "mindspore" in sys.modules or threading.current_thread() is not threading.main_thread():
-        import mindspore  # noqa: F401
+    import_held("mindspore")
+
+
+def import_held(*modules: str) -> None:
+    """Import ``modules`` with Ctrl-C held back until they are imported, then raised (KeyboardInterrupt). Some
+    imports lose a KeyboardInterrupt raised inside them: numpy's (its C extension's initialisation) swallowed a
+    Ctrl-C ~0.1 s after ``train`` started, and the run went on to the end."""
+    import importlib
+
+    if all(m in sys.modules for m in modules) or threading.current_thread() is not threading.main_thread():
+        for m in modules:
+            importlib.import_module(m)
         return
     held = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
-        import mindspore  # noqa: F401
+        for m in modules:
+            importlib.import_module(m)
     finally:
         signal.signal(signal.SIGINT, previous)
     if held:

@@ -29,8 +29,8 @@ import os
 import signal
 import sys
 
-from .cli_common import (OneLineArgumentParser, import_mindspore, route_sigint_around_mindspore, run_cli, say,
-                         say_out)
+from .cli_common import (OneLineArgumentParser, import_held, import_mindspore, route_sigint_around_mindspore, run_cli,
+                         say, say_out)
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpole.yaml")
 
@@ -63,6 +63,11 @@ def main(argv=None) -> int:
     # does not stop alone): route Ctrl-C before numpy/MindSpore start their threads
     if argv is None and not os.environ.get("MS_ROLE"):
         route_sigint_around_mindspore()
+    try:
+        import_held("numpy")  # (parallel.context's first import below)
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
     from .parallel.context import is_msrun_scheduler, serve_as_scheduler
 
     if is_msrun_scheduler():  # msrun runs this command line once more as its scheduler process

@@ -356,3 +356,44 @@ def test_ctrl_c_while_mindspore_is_imported_is_a_clean_interrupt(tmp_path, nth):
                        capture_output=True, text=True, timeout=120, preexec_fn=as_from_a_terminal)
     assert r.returncode == 130, r.stderr[-2000:]
     assert r.stderr.strip() == "interrupted" and r.stdout == ""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("nth", [5, 40])
+def test_ctrl_c_while_train_imports_numpy_stops_the_run(tmp_path, nth):
+    """numpy's import (train's first, ~0.1 s after start) lost a KeyboardInterrupt raised inside it: the Ctrl-C was
+    ignored and the run trained to the end (exit 0). Now it is held until numpy is imported: 'interrupted', 130,
+    no run directory."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    run_dir = tmp_path / "run"
+    script = tmp_path / "ctrl_c_in_numpy.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "from scalebox_ms.train import main\n"
+        "class CtrlC:  # a meta path finder that only watches: SIGINT once, inside numpy's import\n"
+        "    seen = 0\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.startswith('numpy.'):\n"
+        "            CtrlC.seen += 1\n"
+        f"            if CtrlC.seen == {nth}:\n"
+        "                os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        f"sys.argv = ['train', '--total-steps', '64', '--no-progress', '--run-dir', {str(run_dir)!r},\n"
+        "            '--set', 'ppo.n_steps=16', '--set', 'ppo.batch_size=32', '--set', 'run.eval_episodes=0']\n"
+        "sys.exit(main())\n")
+
+    def as_from_a_terminal():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    r = subprocess.run([sys.executable, str(script)], env=dict(os.environ, PYTHONPATH=REPO), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, preexec_fn=as_from_a_terminal)
+    assert r.returncode == 130, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.strip().splitlines()[-1] == "interrupted" and not run_dir.exists()
