@@ -356,3 +356,16 @@ def test_run_seed_decides_the_initial_parameters_with_a_users_sandbox():
         other = make_trainer(small_config(run={"seed": 4}), sandbox=sb)
         assert other.parameters_sha256() != expected
         other.close()
+
+
+def test_a_run_without_a_checkpoints_directory_is_named_as_such(tmp_path):
+    """evaluate/export --run of a directory holding only config.yaml used to report the made-up file
+    '<run>/checkpoints.json'."""
+    from scalebox_ms.trainers.checkpoint import load_into
+
+    (tmp_path / "config.yaml").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"^no checkpoint found in .* \(it has no checkpoints/ directory\)$"):
+        load_into(None, None, str(tmp_path))
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(CheckpointError, match=r"^no checkpoint found in .*checkpoints$"):
+        load_into(None, None, str(tmp_path))

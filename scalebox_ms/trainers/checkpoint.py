@@ -182,6 +182,8 @@ def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 
                               f"{os.path.join(run_dir, 'checkpoints')}); give that run's directory as --run")
         trainer.load(prefix)
         return prefix
+    if not os.path.isdir(os.path.join(run_dir, "checkpoints")):  # (resolve_checkpoint would take it as a prefix)
+        raise CheckpointError(f"no checkpoint found in {run_dir} (it has no checkpoints/ directory)")
     for attempt in range(attempts):
         prefix = resolve_checkpoint(os.path.join(run_dir, "checkpoints"))
         try:
