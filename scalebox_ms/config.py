@@ -320,6 +320,9 @@ def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> C
             raise ConfigError(f"config file {path}: cannot read ({exc.strerror})") from None
         if data is None:  # (an empty file, or comments only: most likely not the file meant)
             raise ConfigError(f"config file {path}: empty (no settings); leave out --config for the defaults")
+        if not isinstance(data, dict):  # (e.g. a text file that is one YAML string)
+            raise ConfigError(f"config file {path}: expected a mapping of sections (env:, ppo:, run:, ...), got "
+                              f"{type(data).__name__}")
         cfg = Config.from_dict(data)
     if overrides:
         cfg = cfg.with_overrides(overrides)

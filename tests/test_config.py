@@ -103,6 +103,12 @@ def test_missing_and_invalid_files(tmp_path):
         empty.write_text(text)
         with pytest.raises(ConfigError, match=r"empty.yaml: empty \(no settings\); leave out --config"):
             load_config(str(empty))
+    for text, kind in (("root:x:0:0:root:/root:/bin/bash\n", "str"), ("- env\n- ppo\n", "list")):
+        other = tmp_path / "passwd"  # (--config /etc/passwd: the file is named, not just 'config')
+        other.write_text(text)
+        with pytest.raises(ConfigError, match=rf"^config file .*passwd: expected a mapping of sections \(env:, ppo:, "
+                                              rf"run:, ...\), got {kind}$"):
+            load_config(str(other))
 
 
 def test_packaged_presets_load():
