@@ -23,6 +23,7 @@ A write that fails (disk full, file size limit) removes what it wrote and raises
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -99,10 +100,33 @@ def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=No
         raise
 
 
+@contextlib.contextmanager
+def _save_failure_unlogged():
+    """MindSpore logs "Failed to save the checkpoint file ..." (CRITICAL, to stderr) before it raises; the raise
+    becomes write_checkpoint's one-line CheckpointError, so that record is dropped while the file is written."""
+    from mindspore import log
+
+    try:
+        logger = log._get_logger()  # (private: MindSpore 2.10 has no public handle on its logger)
+    except Exception:  # (another MindSpore: its line is printed, as before)
+        logger = None
+
+    def keep(record) -> bool:
+        return not str(record.msg).startswith("Failed to save the checkpoint file")
+
+    if logger is not None:
+        logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        if logger is not None:
+            logger.removeFilter(keep)
+
+
 def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, replay) -> str:
     import mindspore as ms
 
-    with atomic_path(prefix + ".ckpt") as tmp:
+    with atomic_path(prefix + ".ckpt") as tmp, _save_failure_unlogged():
         ms.save_checkpoint(tensors, tmp)
     sidecar = dict(sidecar)
     sidecar["format"] = FORMAT
