@@ -67,7 +67,8 @@ def import_held(*modules: str) -> None:
     Ctrl-C ~0.1 s after ``train`` started, and the run went on to the end."""
     import importlib
 
-    if all(m in sys.modules for m in modules) or threading.current_thread() is not threading.main_thread():
+    if all(m in sys.modules for m in modules) or threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # (ignored, or a handler of yours)
         for m in modules:
             importlib.import_module(m)
         return

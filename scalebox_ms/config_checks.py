@@ -64,7 +64,8 @@ def validate(cfg: Config) -> None:
                "(or env.backend gymnasium for raw frames)")
         _check(s.isolation_level == "none", "sandbox.isolation_level",
                "process isolation applies to gymnasium envs; EnvPool runs its envs in its own C++ threads")
-    if (cfg.amp.level != "O0" or (cfg.algo not in OFF_POLICY and cfg.parallel.workers > 1)) and _atari_frames(e):
+    if (cfg.amp.level != "O0" or (cfg.algo not in OFF_POLICY and cfg.parallel.workers > 1)) and \
+            cfg.policy.features != "mlp" and _atari_frames(e):
         key = "amp.level" if cfg.amp.level != "O0" else "parallel.workers"
         raise ConfigError(f"{key}: image observations (NatureCNN, the frames of {short_repr(e.id)}) train in float32 "
                           "in one process only for now")
@@ -217,14 +218,16 @@ def _check_parallel(cfg: Config) -> None:
 
 
 def _atari_frames(e: EnvConfig) -> bool:
-    """An ale-py env whose observations are its screen (all but ``obs_type: ram``): known to be images before any
-    env is built, so ``--workers`` and ``amp.level``, which images cannot use yet, are refused before msrun starts
-    (a custom image env is refused by the trainer, once its spaces are known)."""
-    if e.backend == "native" or (e.kwargs or {}).get("obs_type") == "ram":
+    """An ale-py env whose observations are images for a NatureCNN (with ``policy.features`` auto): Atari's
+    preprocessed frame stacks, or raw RGB screens; not RAM, nor raw grayscale screens (2-D: an MLP's). Known before
+    any env is built, so ``--workers`` and ``amp.level``, which images cannot use yet, are refused before msrun
+    starts (a custom image env is refused by the trainer, once its spaces are known)."""
+    obs_type = (e.kwargs or {}).get("obs_type", "rgb")
+    if e.backend == "native" or obs_type == "ram":
         return False
-    from .envs.atari import is_atari
+    from .envs.atari import is_atari, resolve
 
-    return is_atari(e.id)
+    return is_atari(e.id) and (resolve(e.preprocess, e.id, e.kwargs) == "atari" or obs_type != "grayscale")
 
 
 def _check(ok: bool, key: str, msg: str) -> None:

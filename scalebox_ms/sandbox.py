@@ -153,8 +153,10 @@ class Sandbox:
         self.reseed(self.seed)
 
     def reseed(self, seed: int) -> None:
+        """Seed Python's, numpy's and MindSpore's global generators with ``seed`` (also what ``seed`` then says)."""
         import mindspore as ms
 
+        self.seed = seed
         random.seed(seed)
         np.random.seed(seed % 2**32)
         ms.set_seed(seed)

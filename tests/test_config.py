@@ -300,6 +300,7 @@ def test_amp_arguments_get_the_config_checks(kwargs, culprit):
     ({"env": {"id": "BreakoutNoFrameskip-v4", "num_envs": 8}, "parallel": {"workers": 2}}, "parallel.workers"),
     ({"env": {"id": "ALE/Breakout-v5"}, "amp": {"level": "O2"}}, "amp.level"),
     ({"algo": "dqn", "env": {"id": "ALE/Pong-v5"}, "amp": {"level": "O1"}}, "amp.level"),
+    ({"env": {"id": "ALE/Pong-v5", "preprocess": "none"}, "amp": {"level": "O1"}}, "amp.level"),  # raw RGB
 ])
 def test_atari_frames_with_workers_or_amp_are_refused_at_config_time(data, culprit):
     """Image observations train in float32 in one process; for ale-py ids that is known from the config, so the
@@ -308,8 +309,13 @@ def test_atari_frames_with_workers_or_amp_are_refused_at_config_time(data, culpr
         Config.from_dict(data)
 
 
-def test_atari_ram_observations_may_use_workers_and_amp():
-    Config.from_dict({"env": {"id": "ALE/Breakout-v5", "num_envs": 8, "kwargs": {"obs_type": "ram"}},
+@pytest.mark.parametrize("env, policy", [
+    ({"kwargs": {"obs_type": "ram"}}, {}),  # 128 bytes for an MLP
+    ({"preprocess": "none", "kwargs": {"obs_type": "grayscale"}}, {}),  # raw 2-D screens: an MLP's too
+    ({}, {"features": "mlp"}),  # frames flattened for an MLP
+])
+def test_atari_observations_for_an_mlp_may_use_workers_and_amp(env, policy):
+    Config.from_dict({"env": {"id": "ALE/Breakout-v5", "num_envs": 8, **env}, "policy": policy,
                       "parallel": {"workers": 2}, "amp": {"level": "O2"}})
 
 

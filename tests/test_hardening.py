@@ -62,6 +62,21 @@ def test_non_finite_env_output_stops_the_run_before_the_weights_change(env_id, w
     tr.close()
 
 
+def test_a_non_finite_observation_during_evaluation_is_an_evaluation_error():
+    """predict refuses a NaN observation; coming from the evaluation env it used to escape as a bare ValueError
+    (a traceback after training, and no summary.json): it is the evaluation's one-line EvaluationError."""
+    from scalebox_ms.trainers import PPOTrainer
+    from scalebox_ms.trainers.evaluation import EvaluationError, run_episodes
+
+    tr = PPOTrainer(small_config())
+    try:
+        with pytest.raises(EvaluationError, match=r"^evaluation of 'nan_envs:NaNObsCartPole-v0': the observation "
+                                                  r"at index \d is not finite as float32"):
+            run_episodes("nan_envs:NaNObsCartPole-v0", {}, lambda obs: tr.predict(obs), 2, 0, 2)
+    finally:
+        tr.close()
+
+
 def _nan_batch(tr, B=64):
     rng = np.random.default_rng(0)
     d = tr.spec.obs_dim
@@ -141,12 +156,16 @@ def test_stochastic_predict_is_reproducible_per_seed():
     ("abc", {}, ValueError, "predict: observation must hold numbers, got <U3 values"),
     ({"a": 1}, {}, ValueError, "predict: observation must hold numbers, got object values"),
     (np.full(4, 1 + 2j), {}, ValueError, "predict: observation must hold numbers, got complex128 values"),
-    (np.array([0, np.nan, 0, 0]), {}, ValueError, "predict: the observation is not finite (NaN or infinity)"),
+    (np.array([0, np.nan, 0, 0]), {}, ValueError, "predict: the observation is not finite as float32 (NaN, "),
     (np.array([[0, 0, 0, 0], [0, np.inf, 0, 0]]), {}, ValueError,
-     "predict: the observation at index 1 is not finite (NaN or infinity)"),
+     "predict: the observation at index 1 is not finite as float32"),
+    (np.array([1e39, 0, 0, 0]), {}, ValueError, "predict: the observation is not finite as float32 (NaN, infinity, "
+                                                "or beyond +-3.4e38)"),
     (np.zeros(4), {"deterministic": "no"}, TypeError, "predict: deterministic must be True or False, got 'no'"),
     (np.zeros(4), {"deterministic": False, "rng": "x"}, TypeError,
-     "predict: rng must be a numpy.random.Generator, an int seed or None, got str"),
+     "predict: rng must be a numpy.random.Generator, an int seed >= 0 or None, got str"),
+    (np.zeros(4), {"deterministic": False, "rng": -1}, TypeError,
+     "predict: rng must be a numpy.random.Generator, an int seed >= 0 or None, got -1"),
 ])
 def test_predict_refuses_bad_input_in_one_line(obs, kwargs, error, message):
     """Each used to be a numpy error from deep inside (or, for NaN/inf and 'no', no error at all)."""
@@ -169,6 +188,8 @@ def test_predict_takes_an_int_seed_as_rng_and_evaluation_an_integer_episode_coun
     try:
         a = tr.predict(obs, deterministic=False, rng=5)
         np.testing.assert_array_equal(a, tr.predict(obs, deterministic=False, rng=np.random.default_rng(5)))
+        legacy = tr.predict(obs, deterministic=False, rng=np.random.RandomState(5))  # (duck-typed before: kept)
+        np.testing.assert_array_equal(legacy, tr.predict(obs, deterministic=False, rng=np.random.RandomState(5)))
         with pytest.raises(ValueError, match=r"^episodes: must be an integer >= 1, got '3'$"):
             evaluate_policy(tr, episodes="3")
     finally:
@@ -397,3 +418,31 @@ def test_ctrl_c_while_train_imports_numpy_stops_the_run(tmp_path, nth):
                        capture_output=True, text=True, timeout=300, preexec_fn=as_from_a_terminal)
     assert r.returncode == 130, (r.returncode, r.stderr[-2000:])
     assert r.stderr.strip().splitlines()[-1] == "interrupted" and not run_dir.exists()
+
+
+@pytest.mark.integration
+def test_import_held_leaves_an_ignored_sigint_ignored(tmp_path):
+    """A command started with SIGINT ignored (``cmd &`` from a non-interactive shell) keeps ignoring it while
+    import_held imports."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    script = tmp_path / "ignored.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "from scalebox_ms.cli_common import import_held\n"
+        "class CtrlC:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'numpy.linalg':\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "import_held('numpy')\n"
+        "print('went on', signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n")
+    r = subprocess.run([sys.executable, str(script)], env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "went on True", (r.returncode, r.stderr[-2000:])

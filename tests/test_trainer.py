@@ -356,6 +356,7 @@ def test_run_seed_decides_the_initial_parameters_with_a_users_sandbox():
         other = make_trainer(small_config(run={"seed": 4}), sandbox=sb)
         assert other.parameters_sha256() != expected
         other.close()
+        assert sb.seed == 4  # (what it was reseeded with)
 
 
 def test_a_run_without_a_checkpoints_directory_is_named_as_such(tmp_path):

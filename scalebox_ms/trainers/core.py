@@ -83,7 +83,7 @@ class Trainer:
         self.config = coerce_config(config, self.algo, overrides)
         self.log = logging.getLogger("scalebox_ms")
         self.sandbox = sandbox if sandbox is not None else sandbox_for(self.config)
-        if sandbox is not None:  # run.seed decides the initial parameters, whatever ran in the process before
+        if hasattr(sandbox, "reseed"):  # run.seed decides the initial parameters, whatever ran in the process before
             sandbox.reseed(self.config.run.seed)
         self.global_step = 0
         self.iteration = 0
@@ -200,17 +200,17 @@ class Trainer:
         finite are a one-line ValueError."""
         if not isinstance(deterministic, (bool, np.bool_)):
             raise TypeError(f"predict: deterministic must be True or False, got {deterministic!r}")
-        if rng is not None and not isinstance(rng, np.random.Generator):
-            if isinstance(rng, (bool, np.bool_)) or not isinstance(rng, (int, np.integer)):
-                raise TypeError(f"predict: rng must be a numpy.random.Generator, an int seed or None, got "
-                                f"{type(rng).__name__}")
+        if rng is not None and not isinstance(rng, (np.random.Generator, np.random.RandomState)):
+            if isinstance(rng, (bool, np.bool_)) or not isinstance(rng, (int, np.integer)) or rng < 0:
+                got = repr(rng) if isinstance(rng, (int, np.integer)) else type(rng).__name__
+                raise TypeError(f"predict: rng must be a numpy.random.Generator, an int seed >= 0 or None, got {got}")
             rng = np.random.default_rng(int(rng))
         obs, single = self._as_batch(obs, "predict")
         encoded = self.collector.encode(obs, "predict")
         if encoded.dtype.kind == "f" and not np.isfinite(encoded).all():
             row = int(np.argwhere(~np.isfinite(encoded.reshape(len(encoded), -1)))[0][0])
-            raise ValueError(f"predict: the observation{'' if single else f' at index {row}'} is not finite (NaN or "
-                             "infinity)")
+            raise ValueError(f"predict: the observation{'' if single else f' at index {row}'} is not finite as "
+                             "float32 (NaN, infinity, or beyond +-3.4e38)")
         batch = self.collector.normalize_obs(encoded, update=False)
         if deterministic:
             actions = self._act_deterministic(batch)

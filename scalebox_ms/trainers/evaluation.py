@@ -94,7 +94,11 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
             if should_stop is not None and should_stop():
                 raise EvaluationInterrupted(f"evaluation of {env_id!r} interrupted ({len(result)} of {episodes} "
                                             "episodes done)")
-            obs, reward, terminated, truncated, _ = _env_call(env.step, env_id, result, episodes, act(obs))
+            try:
+                action = act(obs)
+            except ValueError as exc:  # the policy refused what the env returned (predict: non-finite, off-space)
+                raise EvaluationError(f"evaluation of {env_id!r}: {_without_caller(str(exc))}", result) from exc
+            obs, reward, terminated, truncated, _ = _env_call(env.step, env_id, result, episodes, action)
             if events is not None and len(events) > seen:
                 for event in events[seen:]:
                     spoilt[event["env"]] |= valid[event["env"]]  # mid-episode, not while resetting
@@ -160,6 +164,12 @@ def check_evaluation_env(trainer) -> None:
         raise ConfigError(f"env.backend: {cfg.backend} trains on its own envs but evaluation plays gymnasium's, "
                           f"and gymnasium cannot: {exc} (or set run.eval_episodes=0 and run.eval_every=0)") from None
     env.close()
+
+
+def _without_caller(message: str) -> str:
+    """'predict: the observation at index 1 is not finite ...' -> 'the observation at index 1 ...' (one line)."""
+    line = message.splitlines()[0] if message else "the policy refused an observation"
+    return line[len("predict: "):] if line.startswith("predict: ") else line
 
 
 def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, deterministic: bool = True,
