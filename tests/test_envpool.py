@@ -127,6 +127,31 @@ def test_halfcheetah_runs_and_resumes_with_fresh_episodes(tmp_path):
 
 
 
+def test_loading_a_fresh_episodes_checkpoint_keeps_its_observation_statistics(tmp_path):
+    """The fresh episodes a checkpoint of unpicklable envs restarts used to update env.normalize_obs' statistics
+    while loading: evaluate and export then normalised with other statistics than the run's (other actions, other
+    eval returns, another sidecar in the exported file)."""
+    from scalebox_ms.trainers import PPOTrainer, load_trainer
+
+    cfg = {"env": {"id": "Pendulum-v1", "backend": "envpool", "num_envs": 4, "normalize_obs": True},
+           "ppo": {"n_steps": 32, "batch_size": 64, "n_epochs": 1}, "run": {"total_steps": 128}}
+    a = PPOTrainer(cfg)
+    try:
+        a.learn()
+        path = a.save(str(tmp_path / "ck"))
+        saved = json.loads(open(path).read())
+        assert saved["inflight"] == {"fresh_episodes": True}
+        obs = np.random.default_rng(0).uniform(-1, 1, (16, 3)).astype(np.float32)
+        b = load_trainer(path)
+        try:
+            assert b.collector.obs_normalizer.state_dict() == a.collector.obs_normalizer.state_dict()
+            np.testing.assert_array_equal(b.predict(obs), a.predict(obs))
+        finally:
+            b.close()
+    finally:
+        a.close()
+
+
 # ---------------------------------------------------------------------------------------------- Atari
 def test_atari_preprocesses_like_the_gymnasium_pipeline_and_reports_whole_games():
     """EnvPool's Atari (ALE/Breakout-v5 -> Breakout-v5) gives the gymnasium pipeline's spaces; a lost life ends a

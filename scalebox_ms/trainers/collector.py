@@ -174,7 +174,9 @@ class RolloutCollector:
                                     f"at env index {self.rank * self.num_envs + i}, step {step}; the run stops "
                                     f"before the update sees it")
 
-    def reset(self, seed: Optional[int], step: int = 0) -> None:
+    def reset(self, seed: Optional[int], step: int = 0, update_statistics: bool = True) -> None:
+        """Reset every env (seeded); the first observations update the normalisation statistics unless
+        ``update_statistics`` is False (a checkpoint being loaded: its statistics stay as saved)."""
         try:
             obs, _ = self.env.reset(seed=seed)
         except (ScaleboxError, MemoryError):
@@ -184,7 +186,7 @@ class RolloutCollector:
         obs = self._encode_returned(obs, "reset", step)
         self._check_finite(obs, None, step)
         self.raw_obs = obs
-        self.obs = self.normalize_obs(obs, update=True)
+        self.obs = self.normalize_obs(obs, update=update_statistics)
         self.valid[:] = True
         self.ep_return[:] = 0.0
         self.ep_length[:] = 0

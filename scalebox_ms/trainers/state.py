@@ -178,7 +178,8 @@ def load(trainer, path: str):
     if trainer.dist.distributed and inflight is not None:
         # data parallel: rank 0's checkpoint holds rank 0's env state only; every rank restarts its episodes
         # from seeds derived from (seed, step, rank), and ranks > 0 their sampling stream likewise
-        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step)
+        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
+                update_statistics=False)
         if c.reward_scaler is not None:  # rank 0's per-env returns belong to episodes that no longer run
             c.reward_scaler.returns[:] = 0.0
         if trainer.dist.rank > 0:
@@ -188,8 +189,10 @@ def load(trainer, path: str):
 
         c.restore_inflight(env_state.restore(c.env, ck["env"]), inflight)
     elif inflight is not None:
-        # env could not be pickled: start fresh episodes, seeded from (seed, step) so resume stays deterministic
-        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step)
+        # env could not be pickled: start fresh episodes, seeded from (seed, step) so resume stays deterministic;
+        # the statistics stay the checkpoint's (evaluate and export load it: they must normalise as it says)
+        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
+                update_statistics=False)
     if trainer.parameters_sha256() != sc.get("param_sha256"):
         raise CheckpointError(f"checkpoint {ck['prefix']}: restored parameters do not hash to the recorded "
                               "param_sha256")
