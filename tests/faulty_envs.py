@@ -1,4 +1,4 @@
-"""CartPole variants that crash, hang, blow their memory or return a wrongly shaped observation at a given step (for isolation tests), or tell a test
+"""CartPole variants that crash, hang (in step or reset), blow their memory or return a wrongly shaped observation at a given step (for isolation tests), or tell a test
 that a process is stepping its env (``Marking``: creates the file named by ``$FAULTY_ENVS_MARK``, if set).
 
 Used as env ids ``faulty_envs:CrashingCartPole-v0`` etc.: gymnasium imports this module (registering the
@@ -17,6 +17,13 @@ class ResetCrashingCartPole(CartPoleEnv):
     def reset(self, **kw):
         if os.environ.get("FAULTY_ENVS_OFF") != "1":
             os._exit(4)
+        return super().reset(**kw)
+
+
+class ResetHangingCartPole(CartPoleEnv):
+    def reset(self, **kw):
+        if os.environ.get("FAULTY_ENVS_OFF") != "1":
+            time.sleep(3600)
         return super().reset(**kw)
 
 
@@ -61,3 +68,4 @@ for name, fault in [("Crashing", "crash"), ("Hanging", "hang"), ("MemoryHog", "m
     gym.register(f"{name}CartPole-v0", entry_point=FaultyCartPole, kwargs={"fault": fault, "at": 5},
                  max_episode_steps=500)
 gym.register("ResetCrashingCartPole-v0", entry_point=ResetCrashingCartPole, max_episode_steps=500)
+gym.register("ResetHangingCartPole-v0", entry_point=ResetHangingCartPole, max_episode_steps=500)

@@ -181,10 +181,26 @@ def test_env_that_cannot_reset_stops_with_a_clear_error():
         env.close()
 
 
+def test_a_hanging_reset_gets_step_timeout_not_the_start_timeout():
+    """A reset that hangs used to be waited for 60 s (the worker start's timeout) per attempt, whatever
+    sandbox.step_timeout said: 3 minutes per env before the one-line error. A fresh worker gets the start timeout
+    to build its env, then step_timeout for the reset."""
+    from faulty_envs import FaultyCartPole  # noqa: F401  (registers the ids in this process too)
+
+    env = IsolatedVectorEnv("faulty_envs:ResetHangingCartPole-v0", 1, step_timeout=1.0)
+    try:
+        with pytest.raises(ScaleboxError, match="failed to reset 3 times"):
+            env.reset(seed=0)
+        assert [e["detail"] for e in env.events] == ["no answer to 'reset' within 1 s"] * 3
+    finally:
+        env.close()
+
+
 def test_worker_start_failure_is_a_config_error():
     from scalebox_ms.envs import make_vec_env
 
-    with pytest.raises(ConfigError, match="fails its first step.*failed to reset"):
+    with pytest.raises(ConfigError, match="ResetCrashingCartPole-v0' with env.kwargs={} cannot reset .*failed to "
+                                          "reset"):
         make_vec_env("faulty_envs:ResetCrashingCartPole-v0", 1, isolation="process")
 
 

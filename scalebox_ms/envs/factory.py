@@ -127,12 +127,15 @@ def _probed(env, env_id: str, kwargs):
     except ConfigError:
         env.close()
         raise
+    call = "reset"
     try:  # one probe step, so bad env.kwargs fail here (before a run directory exists), not mid-training
         env.reset(seed=0)
+        call = "step"
         env.step(env.action_space.sample())
     except Exception as exc:
         env.close()
-        raise ConfigError(f"env.id: {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} fails its first step "
+        what = "cannot reset" if call == "reset" else "fails its first step"
+        raise ConfigError(f"env.id: {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} {what} "
                           f"({type(exc).__name__}: {first_line(exc)})") from None
     return env
 

@@ -7,7 +7,8 @@ gymnasium 1.x's vector API with ``AutoresetMode.NEXT_STEP`` semantics, like the 
   pipe to the parent (and none of MindSpore's threads).
 * ``memory_limit_bytes`` sets ``RLIMIT_AS`` in each worker, so a sub-env that allocates past it fails inside
   its own process (MindSpore ignores memory limits on CPU; this is how the Sandbox enforces one there).
-* If a worker dies (crash, memory limit, killed) or does not answer within ``step_timeout`` seconds, it is
+* If a worker dies (crash, memory limit, killed) or does not answer a step or a reset within ``step_timeout``
+  seconds (a fresh worker first gets ``start_timeout``, 60 s, to start and build its env), it is
   terminated and replaced by a fresh worker whose env is reset with a new seed (autoreset seeds derive from
   the seed given to ``reset``). That step reports the
   sub-env's episode as **truncated** with reward 0 and the last observation it produced; the following step is
@@ -79,6 +80,12 @@ class _Worker:
         self.proc = ctx.Process(target=_worker, args=(child, env_id, kwargs, memory_limit, wrap), daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False  # it has answered once: its env is built
+
+    def start(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) until the worker has built its env."""
+        if not self.ready:
+            self.call("spaces", None, timeout)
 
     def call(self, cmd, arg, timeout: float):
         try:
@@ -90,6 +97,7 @@ class _Worker:
             self.proc.join(timeout=1)
             raise WorkerFailure("crash", f"worker process died (exit code {self.proc.exitcode})") from None
         if status == "ok":
+            self.ready = True
             return payload
         raise WorkerFailure("memory" if status == "memory" else "crash", payload)
 
@@ -144,7 +152,8 @@ class IsolatedVectorEnv:
         reset's info goes into ``infos`` (gymnasium's vector layout)."""
         for _ in range(self.MAX_RESET_ATTEMPTS):
             try:
-                o, info = self._workers[i].call("reset", seed, self.start_timeout)
+                self._workers[i].start(self.start_timeout)
+                o, info = self._workers[i].call("reset", seed, self.step_timeout)
                 if infos is not None and info:
                     self._add_info(infos, info, i)
                 return o
