@@ -127,6 +127,23 @@ def test_halfcheetah_runs_and_resumes_with_fresh_episodes(tmp_path):
 
 
 
+def test_no_float64_precision_warnings_from_envpools_spaces():
+    """EnvPool builds Box spaces from float64 bounds on every reset and step: gymnasium's 'precision lowered'
+    warning was printed 2-4 times per run."""
+    import warnings
+
+    from scalebox_ms.envs import make_vec_env
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        env = make_vec_env("Pendulum-v1", 2, backend="envpool")
+        env.reset(seed=1)
+        for _ in range(3):
+            env.step(env.action_space.sample())
+        env.close()
+    assert not [w for w in seen if "precision lowered" in str(w.message)]
+
+
 def test_loading_a_fresh_episodes_checkpoint_keeps_its_observation_statistics(tmp_path):
     """The fresh episodes a checkpoint of unpicklable envs restarts used to update env.normalize_obs' statistics
     while loading: evaluate and export then normalised with other statistics than the run's (other actions, other

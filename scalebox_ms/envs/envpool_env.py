@@ -24,6 +24,7 @@ at the step where its lives go up again.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Optional
 
@@ -67,6 +68,15 @@ def check_id(env_id: str) -> None:
         raise ConfigError(f"env.backend: envpool has no {short_repr(env_id)} ({hint})")
 
 
+@contextlib.contextmanager
+def _no_precision_warning():
+    """Without gymnasium's 'precision lowered by casting to float32' warning: EnvPool builds its Box spaces from
+    float64 bounds anew on every reset and step (and every catch_warnings exit re-arms a shown warning)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*precision lowered.*")
+        yield
+
+
 class EnvPoolVectorEnv:
     """``num_envs`` EnvPool envs of ``env_id`` behind gymnasium's ``VectorEnv`` interface (NEXT_STEP autoreset)."""
 
@@ -101,10 +111,11 @@ class EnvPoolVectorEnv:
         self._pool = None
         self._seed = None
         self._build(seed)
-        self.single_observation_space = self._pool.observation_space
-        self.single_action_space = self._pool.action_space
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        with _no_precision_warning():
+            self.single_observation_space = self._pool.observation_space
+            self.single_action_space = self._pool.action_space
+            self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+            self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
         self._action_dtype = self.single_action_space.dtype
 
@@ -114,8 +125,7 @@ class EnvPoolVectorEnv:
             self._pool.close()
             self._pool = None
         try:
-            with warnings.catch_warnings():  # EnvPool's float64 Box bounds: gymnasium warns on the float32 cast
-                warnings.filterwarnings("ignore", message=".*precision lowered.*")
+            with _no_precision_warning():
                 self._pool = envpool.make_gymnasium(pool_id(self.env_id), num_envs=self.num_envs, seed=int(seed),
                                                     num_threads=DEFAULT_THREADS, **self._options)
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -126,7 +136,8 @@ class EnvPoolVectorEnv:
     def reset(self, seed: Optional[int] = None, options=None):
         if seed is not None:  # gymnasium's semantics: a seed restarts the envs' RNGs (EnvPool: a new pool)
             self._build(seed)
-        obs, info = self._pool.reset()
+        with _no_precision_warning():
+            obs, info = self._pool.reset()
         self._game_return[:] = 0.0
         if self.atari:
             self._lives[:] = info["lives"]
@@ -135,7 +146,8 @@ class EnvPoolVectorEnv:
         return obs, info
 
     def step(self, actions):
-        out = self._pool.step(np.asarray(actions, dtype=self._action_dtype))
+        with _no_precision_warning():
+            out = self._pool.step(np.asarray(actions, dtype=self._action_dtype))
         if not self.atari:
             return out
         obs, reward, terminated, truncated, info = out
