@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from .config_yaml import FLOAT32_MAX
 from .errors import ConfigError, short_repr
 
 ALGOS = ("ppo", "dqn", "sac", "td3")
@@ -161,12 +162,12 @@ def entropy_coefficient(value) -> tuple:
                 init = float(value[5:])
             except ValueError:
                 init = -1.0
-            if init > 0:
+            if 0 < init <= FLOAT32_MAX:
                 return True, init
         raise ConfigError(f"sac.ent_coef: expected 'auto', 'auto_<initial value>' or a number > 0, got "
                           f"{short_repr(value)}")
-    if not value > 0:
-        raise ConfigError(f"sac.ent_coef: must be > 0, got {short_repr(value)}")
+    if not 0 < value <= FLOAT32_MAX:  # (the temperature is a float32 Parameter: 1e39 would be inf there)
+        raise ConfigError(f"sac.ent_coef: must be > 0 and finite in float32 (<= 3.4e38), got {short_repr(value)}")
     return False, float(value)
 
 
@@ -177,6 +178,8 @@ def check_sac(o: SACConfig) -> None:
            f"must be >= 1, got {short_repr(o.target_update_interval)}")
     _check(o.target_entropy == "auto" or not isinstance(o.target_entropy, str), "sac.target_entropy",
            f"expected 'auto' or a number, got {short_repr(o.target_entropy)}")
+    _check(isinstance(o.target_entropy, str) or abs(o.target_entropy) <= FLOAT32_MAX, "sac.target_entropy",
+           f"must be finite in float32 (|x| <= 3.4e38), got {short_repr(o.target_entropy)}")
 
 
 def check_td3(o: TD3Config) -> None:

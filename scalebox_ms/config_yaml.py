@@ -140,6 +140,10 @@ def _number_text(value):
             pass
     return value
 
+#: the largest finite float32: float settings must not exceed it (the graphs compute in float32)
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def coerce(name: str, tp, value: Any) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -179,11 +183,14 @@ def coerce(name: str, tp, value: Any) -> Any:
         if isinstance(value, numbers.Real) and not isinstance(value, bool):
             if not math.isfinite(float(value)):
                 raise ConfigError(f"{name}: expected a finite number, got {got}")
-            return float(value)
-        value = _number_text(value)
-        if isinstance(value, float) and math.isfinite(value):
-            return value
-        raise ConfigError(f"{name}: expected a number, got {got}")
+            value = float(value)
+        else:
+            value = _number_text(value)
+            if not (isinstance(value, float) and math.isfinite(value)):
+                raise ConfigError(f"{name}: expected a number, got {got}")
+        if abs(value) > FLOAT32_MAX:  # (the graphs compute in float32: 1e39 would be inf there)
+            raise ConfigError(f"{name}: expected a number finite in float32 (|x| <= 3.4e38), got {got}")
+        return value
     if tp is str:
         if isinstance(value, str):
             return value

@@ -76,6 +76,36 @@ def test_algorithm_refuses_the_wrong_action_space(algo, env_id, what):
 
 
 # ---------------------------------------------------------------------- replay buffer
+@pytest.mark.parametrize("sac, culprit", [
+    ({"ent_coef": "auto_inf"}, "sac.ent_coef: expected 'auto', 'auto_<initial value>' or a number > 0"),
+    ({"ent_coef": "auto_1e39"}, "sac.ent_coef: expected 'auto', 'auto_<initial value>' or a number > 0"),
+    ({"ent_coef": 1e39}, "sac.ent_coef: expected a number or a string"),
+    ({"target_entropy": 1e39}, "sac.target_entropy: expected a number or a string"),
+    ({"learning_rate": 1e39}, r"sac.learning_rate: expected a number finite in float32 \(\|x\| <= 3.4e38\)"),
+])
+def test_values_beyond_float32_are_refused_at_config_time(sac, culprit):
+    """They passed as finite float64 and became inf in the float32 graphs: the run directory was made, then every
+    training phase was skipped as non-finite (ent_coef), or the temperature froze silently (target_entropy)."""
+    with pytest.raises(ConfigError, match="^" + culprit):
+        Config.from_dict({"algo": "sac", "env": {"id": "Pendulum-v1"}, "sac": sac})
+
+
+def test_sac_with_a_linear_actor_trains():
+    """policy.pi_layers: [] (a linear policy, as for TD3 and PPO) used to fail with IndexError in the actor."""
+    from scalebox_ms.trainers import make_trainer
+
+    tr = make_trainer(Config.from_dict({"algo": "sac", "env": {"id": "Pendulum-v1", "num_envs": 1},
+                                        "policy": {"pi_layers": [], "vf_layers": [32]},
+                                        "sac": {"learning_starts": 32, "batch_size": 16, "buffer_size": 256},
+                                        "run": {"total_steps": 64, "progress": False}}))
+    try:
+        tr.learn()
+        assert tr.global_step == 64 and np.isfinite(tr.predict(np.zeros(3, np.float32))).all()
+        assert [n for n, _ in tr.model.actor.parameters_and_names() if "latent_pi" in n] == []
+    finally:
+        tr.close()
+
+
 @pytest.mark.parametrize("config", ["configs/sac_pendulum.yaml", 3, ["algo", "sac"]])
 def test_make_trainer_refuses_what_is_not_a_config_in_one_line(config):
     """make_trainer used to fail with AttributeError ('str' object has no attribute 'algo') where the trainer

@@ -43,8 +43,11 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 SQUASH_EPS = 1e-6
 
 
-def _trunk(in_dim: int, layers, activation: str, ortho: bool) -> nn.SequentialCell:
-    """Dense + activation for every layer of ``layers`` (an MLP whose output is activated: SB3's latent_pi)."""
+def _trunk(in_dim: int, layers, activation: str, ortho: bool) -> nn.Cell:
+    """Dense + activation for every layer of ``layers`` (an MLP whose output is activated: SB3's latent_pi); no
+    layers: the identity (the heads read the observation's features themselves: a linear policy)."""
+    if not layers:
+        return nn.Identity()
     net = mlp(in_dim, list(layers[:-1]), layers[-1], activation, ortho, math.sqrt(2.0))
     act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]()
     return nn.SequentialCell(list(net.cells()) + [act])
@@ -193,8 +196,9 @@ class SquashedGaussianActor(nn.Cell):
         super().__init__()
         self.features, obs_dim = _features(obs_dim, cnn)
         self.latent_pi = _trunk(obs_dim, list(layers), activation, ortho)
-        self.mu = _head(layers[-1], action_dim, ortho, 0.01)
-        self.log_std = _head(layers[-1], action_dim, ortho, 0.01)
+        width = layers[-1] if layers else obs_dim
+        self.mu = _head(width, action_dim, ortho, 0.01)
+        self.log_std = _head(width, action_dim, ortho, 0.01)
 
     def action_log_prob(self, obs, eps):
         """Reparameterised sample ``tanh(mean + std * eps)`` for standard-normal ``eps`` and its log-probability."""
