@@ -188,6 +188,31 @@ def test_sac_log_prob_matches_numpy():
     np.testing.assert_allclose(log_prob, ref_logp, rtol=1e-5, atol=1e-5)
 
 
+def test_squashed_actions_stay_within_one_where_mindspores_tanh_does_not():
+    """MindSpore 2.10's CPU Tanh returns up to 1.0000098 for |u| in about [4.97, 5]: SAC's log(1 - a^2 + 1e-6) was
+    NaN there and the gradient step was skipped (a [16] actor on Pendulum: 7 of 900 steps). u = eps here (zero
+    weights, log-std 0)."""
+    from mindspore import Tensor
+
+    from scalebox_ms.models.offpolicy import DeterministicActor, SquashedGaussianActor
+    from scalebox_ms.sandbox import Sandbox
+
+    Sandbox(device="cpu", seed=0)
+    actor = SquashedGaussianActor(3, 1, [16])
+    for p in actor.get_parameters():
+        p.set_data(Tensor(np.zeros(p.shape, np.float32)))
+    u = np.concatenate([np.linspace(4.95, 5.05, 101), -np.linspace(4.95, 5.05, 101), [0.0, 20.0]])
+    u = u.astype(np.float32)[:, None]
+    action, log_prob = (x.asnumpy() for x in actor.action_log_prob(Tensor(np.zeros((len(u), 3), np.float32)),
+                                                                   Tensor(u)))
+    assert np.abs(action).max() <= 1.0 and np.isfinite(log_prob).all()
+    np.testing.assert_allclose(action, np.tanh(u.astype(np.float64)), atol=2e-4)  # (MindSpore's tanh: ~1e-4 off)
+    td3 = DeterministicActor(3, 1, [])
+    for p in td3.get_parameters():
+        p.set_data(Tensor(np.full(p.shape, 4.99 if p.ndim == 1 else 0.0, np.float32)))
+    assert np.abs(td3(Tensor(np.zeros((2, 3), np.float32))).asnumpy()).max() <= 1.0
+
+
 # ---------------------------------------------------------------------- the loop
 def test_truncation_stores_the_true_final_observation():
     """CartPole cut at 5 steps: every stored transition's next_obs is the env's own next observation; at a

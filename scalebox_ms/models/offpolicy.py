@@ -43,6 +43,13 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 SQUASH_EPS = 1e-6
 
 
+def squash(u):
+    """tanh(u) within [-1, 1]. MindSpore 2.10's CPU Tanh is off by up to 1e-4 and returns up to 1.0000098 for
+    |u| of about 5 and more (measured on a grid of [-20, 20]): SAC's log(1 - tanh(u)^2 + 1e-6) was then the log of
+    a negative number, NaN, and the whole gradient step was skipped (single-layer actors hit it in most phases)."""
+    return ops.clip_by_value(ops.tanh(u), -1.0, 1.0)
+
+
 def _trunk(in_dim: int, layers, activation: str, ortho: bool) -> nn.Cell:
     """Dense + activation for every layer of ``layers`` (an MLP whose output is activated: SB3's latent_pi); no
     layers: the identity (the heads read the observation's features themselves: a linear policy)."""
@@ -206,13 +213,13 @@ class SquashedGaussianActor(nn.Cell):
         mean = self.mu(h).astype(ms.float32)
         log_std = ops.clip_by_value(self.log_std(h).astype(ms.float32), LOG_STD_MIN, LOG_STD_MAX)
         u = mean + ops.exp(log_std) * eps
-        action = ops.tanh(u)
+        action = squash(u)
         gaussian = (-0.5 * eps * eps - log_std - 0.5 * math.log(2.0 * math.pi)).sum(1)
         return action, gaussian - ops.log(1.0 - action * action + SQUASH_EPS).sum(1)
 
     def construct(self, obs):
         """The deterministic action: tanh of the mean."""
-        return ops.tanh(self.mu(self.latent_pi(_encode(self.features, obs))).astype(ms.float32))
+        return squash(self.mu(self.latent_pi(_encode(self.features, obs))).astype(ms.float32))
 
 
 class DeterministicActor(nn.Cell):
@@ -225,7 +232,7 @@ class DeterministicActor(nn.Cell):
         self.mu = mlp(obs_dim, list(layers), action_dim, activation, ortho, 1.0)
 
     def construct(self, obs):
-        return ops.tanh(self.mu(_encode(self.features, obs)).astype(ms.float32))
+        return squash(self.mu(_encode(self.features, obs)).astype(ms.float32))
 
 
 def copy_network(net: nn.Cell, prefix: str) -> nn.Cell:
