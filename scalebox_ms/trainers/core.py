@@ -145,7 +145,8 @@ class Trainer:
 
         encoder = self.collector.encoder
         if encoder.plain:
-            obs = numbers(obs, what).astype(np.float32, copy=False)
+            with np.errstate(over="ignore"):  # (beyond float32: inf, which predict then names in one line)
+                obs = numbers(obs, what).astype(np.float32, copy=False)
         elif encoder.tuple_space and (isinstance(obs, list) or (isinstance(obs, np.ndarray) and obs.ndim == 1)):
             obs = tuple(obs)
         try:
