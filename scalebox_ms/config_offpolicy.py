@@ -178,8 +178,6 @@ def check_sac(o: SACConfig) -> None:
            f"must be >= 1, got {short_repr(o.target_update_interval)}")
     _check(o.target_entropy == "auto" or not isinstance(o.target_entropy, str), "sac.target_entropy",
            f"expected 'auto' or a number, got {short_repr(o.target_entropy)}")
-    _check(isinstance(o.target_entropy, str) or abs(o.target_entropy) <= FLOAT32_MAX, "sac.target_entropy",
-           f"must be finite in float32 (|x| <= 3.4e38), got {short_repr(o.target_entropy)}")
 
 
 def check_td3(o: TD3Config) -> None:
