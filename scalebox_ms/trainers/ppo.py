@@ -172,6 +172,7 @@ class PPOTrainer(Trainer):
         clip_vf = ms.Tensor(np.float32(p.clip_range_vf if p.clip_range_vf is not None else np.inf))
         while self.global_step < stop_at:
             t_iter = time.perf_counter()
+            # (read before the rollout; SB3 reads it after: docs/training.md, differences from SB3's PPO)
             progress_remaining = max(0.0, 1.0 - self.global_step / horizon)
             lr = schedule_value(p.learning_rate, p.lr_schedule, progress_remaining)
             clip = schedule_value(p.clip_range, p.clip_schedule, progress_remaining)
