@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         from .config import load_config
-        from .errors import ConfigError
+        from .errors import CheckpointError, ConfigError
 
         if args.resume and (args.config or args.overrides or args.seed is not None or args.total_steps is not None
                             or args.run_dir):
@@ -110,8 +110,9 @@ def main(argv=None) -> int:
         else:
             workers = 1
             cfg_path = os.path.join(args.resume, "config.yaml")
-            if os.path.exists(cfg_path):  # (train_run reports a missing one)
-                workers = load_config(cfg_path).parallel.workers
+            if not os.path.exists(cfg_path):
+                raise CheckpointError(f"--resume {args.resume}: not a run directory (no config.yaml)")
+            workers = load_config(cfg_path).parallel.workers
             if args.workers is not None and args.workers != workers:
                 raise ConfigError(f"--workers {args.workers}: {args.resume} was trained with {workers} "
                                   f"worker(s); resume needs the same world size")

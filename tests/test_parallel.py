@@ -291,10 +291,18 @@ def test_two_workers_stop_together_once_solved(tmp_path):
     hashes = summary["param_sha256_per_rank"]
     assert len(hashes) == 2 and hashes[0] == hashes[1] == summary["param_sha256"]
     assert [int(row["global_step"]) for row in _rows(os.path.join(run_dir, "metrics.csv"))] == [128, 256]
+    # --resume while the bar stands trains on nowhere: rank 1 used to train alone and fail on rank 0's collectives
+    r = run_module("train", "--resume", run_dir, "--no-progress", timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = json.loads(r.stdout)
+    assert again["status"] == "solved" and again["global_step"] == 256
+    assert again["param_sha256_per_rank"] == hashes
 
 
 @pytest.mark.integration
-def test_resume_with_another_world_size_is_refused(dp_run):
+def test_resume_with_another_world_size_is_refused(dp_run, tmp_path):
+    r = run_module("train", "--resume", tmp_path / "none", "--workers", "2")  # (it named a world size of 1)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: --resume {tmp_path / 'none'}: not a run directory (no config.yaml)"
     run_dir = dp_run[0]
     r = run_module("train", "--resume", run_dir, "--workers", "1")
     assert r.returncode == 2
