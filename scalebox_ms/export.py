@@ -218,7 +218,9 @@ class MindIRPolicy:
                 self.sidecar = json.load(f)
         except (OSError, ValueError):
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt") from None
-        if not isinstance(self.sidecar, dict):
+        sc = self.sidecar
+        if (not isinstance(sc, dict) or not isinstance(sc.get("input"), dict) or not isinstance(sc.get("env_id"), str)
+                or not isinstance(sc.get("action_space"), dict) or "type" not in sc["action_space"]):
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt")
         sc = self.sidecar  # (older sidecars have file_bytes only)
         if (sc.get("file_bytes") is not None and os.path.getsize(path) != sc["file_bytes"]
@@ -293,6 +295,11 @@ def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs:
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
+#: calibration keeps every step's observations in host memory and steps the envs that long: a typo's 1e20 steps
+#: would run until the memory is gone
+MAX_CALIBRATE_STEPS = 1_000_000
+
+
 def build_parser():
     from .cli_common import OneLineArgumentParser
 
@@ -329,8 +336,8 @@ def main(argv=None) -> int:
         calib = args.activation_calibration or "minmax"
         if args.percentile is not None and calib != "percentile":  # (it would be ignored)
             raise ConfigError("--percentile: only with --int8 --activation-calibration percentile")
-        if args.int8 and args.calibrate_steps < 1:
-            raise ConfigError(f"--calibrate-steps: must be >= 1, got {args.calibrate_steps}")
+        if args.int8 and not 1 <= args.calibrate_steps <= MAX_CALIBRATE_STEPS:
+            raise ConfigError(f"--calibrate-steps: must be in [1, {MAX_CALIBRATE_STEPS:,}], got {args.calibrate_steps}")
         if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):
             raise CheckpointError(f"--run {args.run}: not a run directory (no config.yaml)")
         output = args.output or os.path.join(args.run, f"policy_int8_{level}.mindir" if args.int8 else "policy.mindir")

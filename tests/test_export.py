@@ -179,6 +179,7 @@ def tiny_run(tmp_path_factory):
     (["--output", "x.onnx"], "must end with .mindir"),
     (["--quant-level", "L2"], "need --int8"),
     (["--int8", "--calibrate-steps", "0"], "--calibrate-steps"),
+    (["--int8", "--calibrate-steps", "100000000000000000000"], "--calibrate-steps: must be in [1, 1,000,000]"),
     (["--int8", "--quant-level", "L9"], "--quant-level"),
     (["--percentile", "50"], "--percentile: only with --int8 --activation-calibration percentile"),
     (["--int8", "--percentile", "99"], "--percentile: only with"),  # (minmax calibration: it was ignored)
@@ -215,6 +216,28 @@ def test_a_mindir_and_a_sidecar_of_different_exports_are_refused_in_one_line(car
     # exporting again removes the stale sidecar before it replaces the graph, then writes the new one
     export_mindir(cartpole, str(tmp_path / "a.mindir"))
     MindIRPolicy(str(tmp_path / "a.mindir"))
+
+
+@pytest.mark.parametrize("edit", ["no input", "input null", "no env_id", "no action_space", "action_space []"])
+def test_a_sidecar_without_its_keys_is_refused_in_one_line(cartpole, tmp_path, edit):
+    """A sidecar that is JSON but lacks a key used to end evaluate --mindir in a KeyError traceback."""
+    import json
+
+    from scalebox_ms.export import MindIRPolicy, export_mindir
+
+    path = str(tmp_path / "a.mindir")
+    export_mindir(cartpole, path)
+    with open(sidecar_path(path)) as f:
+        sc = json.load(f)
+    what, _, value = edit.partition(" ")
+    if what == "no":
+        del sc[value]
+    else:
+        sc[what] = json.loads(value)
+    with open(sidecar_path(path), "w") as f:
+        json.dump(sc, f)
+    with pytest.raises(ConfigError, match=r"sidecar .*a.mindir.json is missing or corrupt"):
+        MindIRPolicy(path)
 
 
 @pytest.mark.integration
