@@ -222,7 +222,7 @@ class MindIRPolicy:
         if (not isinstance(sc, dict) or not isinstance(sc.get("input"), dict) or not isinstance(sc.get("env_id"), str)
                 or not isinstance(sc.get("action_space"), dict) or "type" not in sc["action_space"]):
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt")
-        sc = self.sidecar  # (older sidecars have file_bytes only)
+        # (older sidecars have file_bytes only)
         if (sc.get("file_bytes") is not None and os.path.getsize(path) != sc["file_bytes"]
                 or sc.get("file_sha256") is not None and sha256_file(path) != sc["file_sha256"]):
             raise ConfigError(f"--mindir {path}: not the file its sidecar {os.path.basename(sidecar_path(path))} "

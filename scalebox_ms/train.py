@@ -108,7 +108,6 @@ def main(argv=None) -> int:
             cfg = load_config(args.config or DEFAULT_CONFIG, overrides)
             workers = cfg.parallel.workers
         else:
-            workers = 1
             cfg_path = os.path.join(args.resume, "config.yaml")
             if not os.path.exists(cfg_path):
                 raise CheckpointError(f"--resume {args.resume}: not a run directory (no config.yaml)")

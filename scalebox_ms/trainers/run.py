@@ -175,7 +175,7 @@ def _rank_hashes(trainer) -> dict:
 def _follow(trainer, until: Optional[int]):
     """Ranks > 0: train in lockstep with rank 0 (same collectives, the same ``run.eval_every`` evaluations, added
     by ``learn``), write nothing, return no summary. A resumed run that stopped solved trains on nowhere (rank 0
-    skips ``learn`` too: a lone rank's update would wait forever on collectives rank 0 never joins)."""
+    skips ``learn`` too: a lone rank's update AllReduce met rank 0's hash all-gather and failed)."""
     if _solved_at_checkpoint(trainer, trainer.config) is None:
         trainer.learn(until=until, callbacks=[ProgressBeat()])
     _rank_hashes(trainer)
