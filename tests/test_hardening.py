@@ -311,7 +311,7 @@ def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool, m
                    "--set", "env.id=faulty_envs:MarkingCartPole-v0")
     assert r.returncode == 0, r.stderr
     args = (["--run", str(run_dir), "--episodes", "1000000"] if tool == "evaluate" else
-            ["--run", str(run_dir), "--int8", "--quant-level", "L2", "--calibrate-steps", "100000000"])
+            ["--run", str(run_dir), "--int8", "--quant-level", "L2", "--calibrate-steps", "1000000"])
     mark = tmp_path / "stepping"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + tests, FAULTY_ENVS_MARK=str(mark))
 
