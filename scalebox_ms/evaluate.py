@@ -46,15 +46,12 @@ def main(argv=None) -> int:
 
         import_mindspore()
         from .config import load_config
-        from .trainers import make_trainer
-        from .trainers.checkpoint import load_into
+        from .trainers import acting_trainer
         from .trainers.evaluation import evaluate_policy
 
         cfg = load_config(os.path.join(args.run, "config.yaml"))
-        if cfg.algo != "ppo":  # (no optimizer step runs here: do not build the off-policy optimizer kernels)
-            cfg.algo_config.optimizer_kernel = "builtin"
-        trainer = make_trainer(cfg)
-        ckpt = load_into(trainer, args.checkpoint, args.run)  # (the latest, also while a train still writes the run)
+        # (the latest checkpoint, also while a train still writes the run)
+        trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
         rets = evaluate_policy(trainer, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)
         trainer.close()
         result = {**return_stats(rets), "checkpoint": ckpt, "global_step": trainer.global_step,

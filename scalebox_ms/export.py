@@ -345,18 +345,15 @@ def main(argv=None) -> int:
             raise ConfigError(f"--output {output}: must end with .mindir")
         import_mindspore()
         from .config import load_config
-        from .trainers import make_trainer
-        from .trainers.checkpoint import load_into
+        from .trainers import acting_trainer
 
         cfg = load_config(os.path.join(args.run, "config.yaml"))
-        if cfg.algo != "ppo":  # (no optimizer step runs here: do not build the off-policy optimizer kernels)
-            cfg.algo_config.optimizer_kernel = "builtin"
         # the exported graph uses MindSpore's convolution ops anyway (models.cnn.builtin_patches): a run trained with
         # the C++ patches kernel or the oneDNN op exports on a machine without a compiler too
         cfg.policy.conv_kernel = "builtin"
         cfg.policy.conv_backend = "im2col"
-        trainer = make_trainer(cfg)
-        ckpt = load_into(trainer, args.checkpoint, args.run)  # (the latest, also while a train still writes the run)
+        # (the latest checkpoint, also while a train still writes the run)
+        trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
         sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=args.calibrate_steps,
                                 activation_calibration=calib,
                                 percentile=99.99 if args.percentile is None else args.percentile, source=ckpt)

@@ -360,6 +360,26 @@ def test_corrupt_replay_file_is_refused(tmp_path):
         _train_run(None, None, resume=str(tmp_path / "r"), checkpoint=str(ckdir / replay[: -len(".replay.npz")]))
 
 
+def test_evaluate_and_export_neither_read_nor_allocate_the_replay_buffer(tmp_path, monkeypatch):
+    """The trainer evaluate/export build acts only: the checkpoint's replay (as large as training's) stays on disk
+    and the buffer is the least one training phase needs, yet the policy is the checkpoint's."""
+    from scalebox_ms.buffers.device import ReplayBuffer
+    from scalebox_ms.trainers import acting_trainer
+    from scalebox_ms.trainers.evaluation import evaluate_policy
+
+    cfg = dqn_config()
+    out = _train_run(cfg, tmp_path / "r", until=1000)
+    monkeypatch.setattr(ReplayBuffer, "load_state_dict", lambda *a: pytest.fail("the replay buffer was read"))
+    trainer, prefix = acting_trainer(load_config(str(tmp_path / "r" / "config.yaml")), str(tmp_path / "r"))
+    try:
+        assert os.path.exists(prefix + ".replay.npz")
+        assert trainer.replay.capacity == max(cfg.dqn.batch_size, cfg.dqn.train_freq * cfg.env.num_envs) < 5000
+        assert len(trainer.replay) == 0 and trainer.parameters_sha256() == out["param_sha256"]
+        assert len(evaluate_policy(trainer, episodes=2, seed=3)) == 2
+    finally:
+        trainer.close()
+
+
 def test_cli_trains_evaluates_and_exports_sac(tmp_path, monkeypatch):
     run = tmp_path / "run"
     r = run_module("train", "--config", os.path.join(REPO, "configs", "sac_pendulum.yaml"), "--run-dir", run,

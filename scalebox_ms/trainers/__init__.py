@@ -41,5 +41,24 @@ def load_trainer(path: str, sandbox=None):
     return trainer_class(sc["config"].get("algo", "ppo")).from_checkpoint(path, sandbox=sandbox)
 
 
-__all__ = ["Callback", "DQNTrainer", "OffPolicyTrainer", "PPOConfig", "PPOTrainer", "SACTrainer", "TD3Trainer",
+def acting_trainer(cfg, run_dir: str, checkpoint=None):
+    """``(trainer, checkpoint prefix)``: the trainer of ``cfg`` (a run's config) restored from ``checkpoint`` or
+    ``run_dir``'s latest, for evaluate and export: it acts, it never trains. So an off-policy trainer builds no
+    optimizer kernels and neither reads the checkpoint's replay buffer nor allocates one of the run's size (a
+    1e6-transition buffer would double the memory training needed just to evaluate)."""
+    from .checkpoint import load_into
+
+    if cfg.algo != "ppo":
+        o = cfg.algo_config
+        o.optimizer_kernel = "builtin"
+        o.buffer_size = max(o.batch_size, o.train_freq * cfg.env.num_envs)  # (the least a valid config allows)
+    trainer = make_trainer(cfg)
+    try:
+        return trainer, load_into(trainer, checkpoint, run_dir, replay=False)
+    except BaseException:
+        trainer.close()
+        raise
+
+
+__all__ = ["acting_trainer", "Callback", "DQNTrainer", "OffPolicyTrainer", "PPOConfig", "PPOTrainer", "SACTrainer", "TD3Trainer",
            "Trainer", "load_trainer", "make_trainer", "schedule_value", "trainer_class"]

@@ -189,7 +189,7 @@ def resolve_checkpoint(path: str) -> str:
     return path
 
 
-def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 5) -> str:
+def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 5, replay: bool = True) -> str:
     """``trainer.load`` of ``checkpoint``, or else of ``run_dir``'s latest checkpoint; returns its prefix.
 
     A run still being trained prunes old checkpoints (``run.keep_checkpoints``, sidecar first): the latest one
@@ -204,14 +204,14 @@ def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 
 
             raise ConfigError(f"--checkpoint {checkpoint}: not one of {run_dir}'s checkpoints (in "
                               f"{os.path.join(run_dir, 'checkpoints')}); give that run's directory as --run")
-        trainer.load(prefix)
+        trainer.load(prefix, replay=replay)
         return prefix
     if not os.path.isdir(os.path.join(run_dir, "checkpoints")):  # (resolve_checkpoint would take it as a prefix)
         raise CheckpointError(f"no checkpoint found in {run_dir} (it has no checkpoints/ directory)")
     for attempt in range(attempts):
         prefix = resolve_checkpoint(os.path.join(run_dir, "checkpoints"))
         try:
-            trainer.load(prefix)
+            trainer.load(prefix, replay=replay)
             return prefix
         except Exception:
             if os.path.exists(prefix + ".json") or attempt == attempts - 1:
@@ -292,8 +292,10 @@ def newest_intact(directory: str) -> Tuple[Optional[str], Dict[str, str]]:
     return None, broken
 
 
-def read_checkpoint(path: str) -> Dict:
-    """Load and verify a checkpoint; returns {'prefix', 'sidecar', 'tensors' (name -> numpy), 'env'}."""
+def read_checkpoint(path: str, replay: bool = True) -> Dict:
+    """Load and verify a checkpoint; returns {'prefix', 'sidecar', 'tensors' (name -> numpy), 'env', 'replay'}.
+
+    ``replay=False``: the replay buffer's file is verified but not read (``'replay'`` is None)."""
     import mindspore as ms
 
     prefix = resolve_checkpoint(path)
@@ -309,14 +311,14 @@ def read_checkpoint(path: str) -> Dict:
     if info:
         with open(os.path.join(os.path.dirname(prefix), info["file"]), "rb") as f:
             env = pickle.loads(f.read())  # hash-verified file written by write_checkpoint
-    replay = None
+    arrays = None
     info = sidecar.get("replay_state")
-    if info:
+    if info and replay:
         import numpy as np
 
         with np.load(os.path.join(os.path.dirname(prefix), info["file"]), allow_pickle=False) as z:
-            replay = {k: z[k] for k in z.files}
-    return {"prefix": prefix, "sidecar": sidecar, "tensors": tensors, "env": env, "replay": replay}
+            arrays = {k: z[k] for k in z.files}
+    return {"prefix": prefix, "sidecar": sidecar, "tensors": tensors, "env": env, "replay": arrays}
 
 
 def prune_checkpoints(directory: str, keep: int) -> None:

@@ -249,11 +249,12 @@ class Trainer:
 
         return save(self, prefix)
 
-    def load(self, path: str):
-        """Restore parameters, optimizer, statistics, counters, RNG and env state from a checkpoint."""
+    def load(self, path: str, replay: bool = True):
+        """Restore parameters, optimizer, statistics, counters, RNG and env state from a checkpoint; off-policy
+        also the replay buffer's contents, unless ``replay=False`` (a trainer that only acts: it stays empty)."""
         from .state import load
 
-        return load(self, path)
+        return load(self, path, replay=replay)
 
     @classmethod
     def from_checkpoint(cls, path: str, sandbox: Optional[Sandbox] = None):

@@ -123,11 +123,12 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj))
 
 
-def load(trainer, path: str):
-    """Restore parameters, optimizer, statistics, counters, RNG and env state from a checkpoint."""
+def load(trainer, path: str, replay: bool = True):
+    """Restore parameters, optimizer, statistics, counters, RNG and env state (and, with ``replay``, the replay
+    buffer's contents) from a checkpoint."""
     from .checkpoint import read_checkpoint
 
-    ck = read_checkpoint(path)
+    ck = read_checkpoint(path, replay=replay)
     sc, tensors = ck["sidecar"], ck["tensors"]
     spec = trainer.spec.__dict__
     old = sc.get("space_spec")
