@@ -233,38 +233,63 @@ class MindIRPolicy:
             raise ConfigError(f"--mindir {path}: MindSpore cannot load it ({type(exc).__name__})") from None
 
     def __call__(self, obs) -> "np.ndarray":  # noqa: F821 (numpy imported on use)
-        """Actions for a batch of observations as the env returns them (Dict/Tuple: a dict/tuple of batches)."""
+        """Actions for a batch of observations as the env returns them (Dict/Tuple: a dict/tuple of batches; one
+        observation is a batch of one). Observations that are not numbers, of another shape, outside the space (a
+        Discrete value out of range, pixels beyond 0..255) or not finite are a one-line ValueError, as for
+        ``predict``: the graph would cast them to something else silently."""
         import mindspore as ms
         import numpy as np
 
-        def batch(x, shape, part="observations", flat=None):  # (a wrong shape would fail inside the GraphCell)
+        from .envs.obs_encoding import check_finite, numbers
+
+        what = "MindIRPolicy"
+
+        def batch(x, shape, flat=None):  # (a wrong shape would fail inside the GraphCell)
             shape = tuple(shape)
             if x.shape == shape:  # one observation
                 return x.reshape((1,) + (flat or shape))
             if x.ndim < 1 or x.shape[1:] not in (shape, flat):
                 forms = [s for s in dict.fromkeys((shape, flat)) if s is not None]
                 want = " or ".join(f"(N, {', '.join(map(str, s))})" for s in forms)
-                raise ValueError(f"MindIRPolicy: {part} of shape {x.shape}; the policy takes a batch {want}")
+                raise ValueError(f"{what}: observations of shape {x.shape}; the policy takes a batch {want}")
+            if len(x) == 0:
+                raise ValueError(f"{what}: an empty batch (0 observations)")
             return x.reshape((-1,) + (flat or shape))
 
-        leaves = self.sidecar["input"].get("leaves")
-        if self.sidecar["input"].get("image"):
-            obs = np.asarray(obs, np.uint8)
-            return self.cell(ms.Tensor(batch(obs, self.sidecar["input"]["shape"][1:]))).asnumpy()
-        if leaves is None:
-            obs = np.asarray(obs, np.float32)
+        inp = self.sidecar["input"]
+        if inp.get("leaves") is not None:
+            encoder = self._encoder()
+            obs, _ = encoder.as_batch(obs, what)
+            arrays = encoder.leaf_arrays(obs, what)
+            for leaf, x in zip(encoder.leaves, arrays):
+                check_finite(x, what, False, f"observation part {leaf.name}")
+            return self.cell(*[ms.Tensor(x) for x in arrays]).asnumpy()
+        obs = numbers(obs, what)
+        if inp.get("image"):
+            x = batch(obs, inp["shape"][1:])
+            if x.dtype != np.uint8:  # (float frames scaled to [0, 1], or values beyond a byte: garbage as uint8)
+                x = self._encoder()._pixels(x, what, self._encoder().leaves[0])
+            return self.cell(ms.Tensor(x)).asnumpy()
+        # (a scalar Box observation has observation_shape [], which is not "absent")
+        shape = tuple(inp["observation_shape"] if "observation_shape" in inp else inp["shape"][1:])
+        with np.errstate(over="ignore"):  # (beyond float32: inf, named below)
+            x = batch(obs.astype(np.float32, copy=False), shape, flat=tuple(inp["shape"][1:]))
+        check_finite(x, what, False)
+        return self.cell(ms.Tensor(x)).asnumpy()
+
+    def _encoder(self):
+        """The ObsEncoder of the observation space the sidecar describes (its checks of observations)."""
+        if getattr(self, "_obs_encoder", None) is None:
+            from .envs.obs_encoding import ObsEncoder, space_of_inputs
+
             inp = self.sidecar["input"]
-            # (a scalar Box observation has observation_shape [], which is not "absent")
-            shape = tuple(inp["observation_shape"] if "observation_shape" in inp else inp["shape"][1:])
-            return self.cell(ms.Tensor(batch(obs, shape, flat=tuple(inp["shape"][1:])))).asnumpy()
-        tensors = []
-        for leaf in leaves:
-            x = obs
-            for p in leaf["path"]:
-                x = x[p]
-            x = np.asarray(x).astype(leaf["dtype"], copy=False)
-            tensors.append(ms.Tensor(batch(x, leaf["shape"], f"observation part {'.'.join(map(str, leaf['path']))}")))
-        return self.cell(*tensors).asnumpy()
+            encoder = ObsEncoder(space_of_inputs(inp), self.sidecar.get("env_id", "env"))
+            if inp.get("leaves") is not None and [(list(leaf.path), list(leaf.shape)) for leaf in encoder.leaves] != [
+                    (list(d["path"]), list(d["shape"])) for d in inp["leaves"]]:
+                raise ConfigError(f"MindIRPolicy: the sidecar's input leaves {[d['path'] for d in inp['leaves']]} "
+                                  "do not describe one observation space; export again")
+            self._obs_encoder = encoder
+        return self._obs_encoder
 
     def env_actions(self, actions: "np.ndarray") -> "np.ndarray":  # noqa: F821
         """The graph's actions as the env takes them (int64 indices plus the space's start, int8 bits)."""

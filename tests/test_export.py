@@ -282,12 +282,50 @@ def test_mindir_policy_takes_the_envs_shapes_and_names_a_wrong_one():
     np.testing.assert_array_equal(policy(one.reshape(1, 6)), one.reshape(1, 6))
     with pytest.raises(ValueError, match=r"observations of shape \(4, 3\); .* batch \(N, 2, 3\) or \(N, 6\)"):
         policy(np.zeros((4, 3), np.float32))
-    policy.sidecar = {"input": {"leaves": [{"path": ["flag"], "dtype": "int32", "shape": []},
-                                           {"path": ["frame"], "dtype": "uint8", "shape": [8, 8, 3]}]}}
-    policy.cell = lambda *xs: xs[0]
-    frame = np.zeros((8, 8, 3), np.uint8)
-    assert policy({"flag": 1, "frame": frame}).shape == (1,)
-    assert policy({"flag": np.ones(4), "frame": np.zeros((4, 8, 8, 3))}).shape == (4,)
-    with pytest.raises(ValueError, match=r"observation part frame of shape \(4, 3, 8, 8\); .* \(N, 8, 8, 3\)"):
-        policy({"flag": np.ones(4), "frame": np.zeros((4, 3, 8, 8))})  # CHW frames for an HWC policy
+    for bad, message in [(np.array([[1.0, np.nan, 2.0, 3.0, 4.0, 5.0]], np.float32), r"observation at index 0 is not finite"),
+                         (np.zeros((0, 6), np.float32), r"an empty batch"),
+                         ([["a"] * 6], r"must hold numbers, got <U1")]:
+        with pytest.raises(ValueError, match=r"^MindIRPolicy: .*" + message):
+            policy(bad)
+
+
+def test_mindir_policy_refuses_observations_outside_a_dict_space_in_one_line():
+    """A Dict policy's inputs are checked as predict checks them (the graph would take an out-of-range Discrete
+    value as a row of zeros, a fractional one truncated, a float frame in [0, 1] as black): one-line ValueErrors."""
+    from scalebox_ms.export import MindIRPolicy
+
+    policy = MindIRPolicy.__new__(MindIRPolicy)  # (a stand-in graph that returns its inputs)
+    policy.sidecar = {"env_id": "test", "input": {"leaves": [
+        {"path": ["flag"], "kind": "discrete", "dtype": "int32", "shape": [], "nvec": [3], "start": [1]},
+        {"path": ["pos"], "kind": "box", "dtype": "float32", "shape": [2]},
+        {"path": ["frame"], "kind": "image", "dtype": "uint8", "shape": [36, 36, 3]}]}}
+
+    class Inputs:  # (what the GraphCell's output Tensor gives: here the inputs as numpy)
+        def __init__(self, *xs):
+            self.xs = xs
+
+        def asnumpy(self):
+            return tuple(x.asnumpy() for x in self.xs)
+
+    policy.cell = Inputs
+    frame = np.full((36, 36, 3), 7, np.uint8)
+    flag, pos, frames = policy({"flag": 3, "pos": [0.5, -1.0], "frame": frame})
+    assert flag.dtype == np.int32 and flag.tolist() == [3] and pos.shape == (1, 2) and frames.dtype == np.uint8
+    batch = {"flag": np.array([1, 2, 3, 1]), "pos": np.zeros((4, 2)), "frame": np.zeros((4, 36, 36, 3))}
+    assert policy(batch)[2].shape == (4, 36, 36, 3)
+    for change, message in [({"flag": np.array([1, 2, 4, 1])}, r"observation flag = 4 at index 2 is outside"),
+                            ({"flag": np.array([1, 1.5, 2, 1])}, r"observation flag = 1.5 at index 1 .*whole numbers"),
+                            ({"pos": np.array([[0, 0], [0, 0], [np.inf, 0], [0, 0]])},
+                             r"the observation part pos at index 2 is not finite"),
+                            ({"frame": np.full((4, 36, 36, 3), 0.5)}, r"observation frame = 0.5 .*uint8 pixels"),
+                            ({"frame": np.full((4, 36, 36, 3), 300)}, r"observation frame = 300 .*uint8 pixels"),
+                            ({"pos": np.zeros((3, 2))}, r"the observation parts are batches of different sizes \(flag: 4, pos: 3, frame: 4\)"),
+                            ({"frame": np.zeros((4, 3, 36, 36))},  # CHW frames for an HWC policy
+                             r"observation part frame has shape \(4, 3, 36, 36\); .* \(N, 36, 36, 3\)")]:
+        with pytest.raises(ValueError, match=r"^MindIRPolicy: " + message):
+            policy({**batch, **change})
+    with pytest.raises(ValueError, match=r"^MindIRPolicy: observation part pos is missing"):
+        policy({"flag": 1, "frame": frame})
+    with pytest.raises(ValueError, match=r"^MindIRPolicy: an empty batch"):
+        policy({k: v[:0] for k, v in batch.items()})
 

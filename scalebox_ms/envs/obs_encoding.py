@@ -202,9 +202,31 @@ class ObsEncoder:
             raise ValueError(f"{what}: the observation parts are batches of different sizes "
                              f"({', '.join(f'{k}: {v}' for k, v in sizes.items())})")
 
+    def as_batch(self, obs, what: str):
+        """``(batch, single)``: ``obs`` checked against the observation space and, when it is one observation, given
+        a batch axis (a Tuple observation may also come as a list or a 1-D array of its parts). Not numbers, a part
+        missing or of another shape, parts of different batch sizes, an empty batch: a one-line ValueError that
+        starts with ``what``."""
+        if self.plain:
+            with np.errstate(over="ignore"):  # (beyond float32: inf, which check_finite then names in one line)
+                obs = numbers(obs, what).astype(np.float32, copy=False)
+        elif self.tuple_space and (isinstance(obs, list) or (isinstance(obs, np.ndarray) and obs.ndim == 1)):
+            obs = tuple(obs)
+        try:
+            single = self.is_single(obs)
+        except (KeyError, IndexError, TypeError):
+            single = False  # (a part is missing: check_shapes names it)
+        self.check_shapes(obs, single, what)  # (a wrong shape would fail deep inside a graph compile)
+        if not single and np.shape(self._leaf_value(obs, self.leaves[0]))[0] == 0:
+            raise ValueError(f"{what}: an empty batch (0 observations)")
+        if single:
+            obs = obs[None] if self.plain else _batch_of_one(obs)
+        return obs, single
+
     def leaf_arrays(self, obs, what: Optional[str] = None) -> List[np.ndarray]:
-        """The batch's leaves in :attr:`leaves` order, each ``(batch, *leaf.shape)`` in its input dtype (image
-        leaves: checked to be pixel values, see :meth:`encode`)."""
+        """The batch's leaves in :attr:`leaves` order, each ``(batch, *leaf.shape)`` in its input dtype, checked to
+        lie in the space (see :meth:`encode`): pixels 0..255, whole numbers within Discrete/MultiDiscrete, bits 0/1.
+        """
         out = []
         for leaf in self.leaves:
             x = np.asarray(self._leaf_value(obs, leaf))
@@ -214,7 +236,19 @@ class ObsEncoder:
                 flat = x.reshape(max(1, x.shape[0] if x.ndim else 1), -1)
                 bad = np.argwhere(flat != np.round(flat))[0]
                 self._off_space(what, leaf, flat[tuple(bad)], int(bad[0]), f"{leaf.kind}: whole numbers")
-            out.append(x.astype(np.dtype(leaf.input_dtype), copy=False).reshape((-1,) + leaf.shape))
+            x = x.reshape((-1,) + leaf.shape)
+            flat = x.reshape(len(x), -1)
+            if leaf.kind == "multibinary" and ((flat != 0) & (flat != 1)).any():
+                bad = np.argwhere((flat != 0) & (flat != 1))[0]
+                self._off_space(what, leaf, flat[tuple(bad)], int(bad[0]), "multibinary: values 0 or 1")
+            if leaf.kind in ("discrete", "multidiscrete"):
+                start, end = np.asarray(leaf.start), np.asarray(leaf.start) + np.asarray(leaf.nvec)
+                off = (flat < start) | (flat >= end)
+                if off.any():
+                    bad = np.argwhere(off)[0]
+                    self._off_space(what, leaf, flat[tuple(bad)], int(bad[0]),
+                                    f"{leaf.kind} {list(leaf.nvec)}, start {list(leaf.start)}")
+            out.append(x.astype(np.dtype(leaf.input_dtype), copy=False))
         return out
 
     def encode(self, obs, what: Optional[str] = None) -> np.ndarray:
@@ -235,21 +269,11 @@ class ObsEncoder:
             if leaf.kind == "image":
                 out[:, cols] = pack_pixels(x.transpose(0, 3, 1, 2) if leaf.channels_last else x)
                 continue
-            if leaf.kind == "multibinary":
-                flat = x.reshape(B, -1)
-                off = (flat != 0) & (flat != 1)
-                if off.any():
-                    bad = np.argwhere(off)[0]
-                    self._off_space(what, leaf, flat[tuple(bad)], int(bad[0]), "multibinary: values 0 or 1")
             if leaf.kind in ("box", "multibinary"):
                 out[:, cols] = x.reshape(B, -1)
                 continue
-            idx = x.reshape(B, -1).astype(np.int64) - np.asarray(leaf.start, np.int64)
+            idx = x.reshape(B, -1).astype(np.int64) - np.asarray(leaf.start, np.int64)  # (in range: leaf_arrays)
             bounds = np.asarray(leaf.nvec, np.int64)
-            if (idx < 0).any() or (idx >= bounds).any():
-                bad = np.argwhere((idx < 0) | (idx >= bounds))[0]
-                self._off_space(what, leaf, int(idx[tuple(bad)] + leaf.start[bad[1]]), int(bad[0]),
-                                f"{leaf.kind} {list(leaf.nvec)}, start {list(leaf.start)}")
             col0 = leaf.offset + np.concatenate([[0], np.cumsum(bounds)[:-1]])
             out[np.arange(B)[:, None], col0[None, :] + idx] = 1.0
         return out
@@ -300,6 +324,23 @@ def numbers(value, what: str, part: str = "observation") -> np.ndarray:
     return array
 
 
+def check_finite(x: np.ndarray, what: str, single: bool, part: str = "observation") -> None:
+    """A one-line ValueError when float ``x`` (a batch) holds NaN or infinity."""
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        row = int(np.argwhere(~np.isfinite(x.reshape(len(x), -1)))[0][0])
+        raise ValueError(f"{what}: the {part}{'' if single else f' at index {row}'} is not finite as float32 (NaN, "
+                         "infinity, or beyond +-3.4e38)")
+
+
+def _batch_of_one(obs):
+    """One Dict/Tuple/Discrete observation as a batch of one (the same nesting, each leaf with a batch axis)."""
+    if isinstance(obs, dict):
+        return {k: _batch_of_one(v) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_batch_of_one(v) for v in obs)
+    return np.asarray(obs)[None]
+
+
 def pack_pixels(frames: np.ndarray) -> np.ndarray:
     """uint8 frames (B, ...) -> float32 (B, ceil(n / 3)): pixels i, i+1, i+2 of each flattened frame (C order) as
     ``p0 + 256 * p1 + 65536 * p2`` (the last column zero-padded). Every value is an integer below 2**24, so float32
@@ -310,6 +351,45 @@ def pack_pixels(frames: np.ndarray) -> np.ndarray:
         x = np.concatenate([x, np.zeros((len(x), pad), np.uint8)], 1)
     x = x.reshape(len(x), -1, PIXELS_PER_COLUMN).astype(np.int32)
     return (x[..., 0] + 256 * x[..., 1] + 65536 * x[..., 2]).astype(np.float32)
+
+
+def space_of_inputs(inp: dict):
+    """The gymnasium observation space an exported policy's sidecar ``input`` describes (its ``leaves``:
+    :meth:`ObsEncoder.describe`), bounds aside (a Box is unbounded, an image Box uint8 0..255), with its Dict keys
+    and Tuple indices in the inputs' order."""
+    import collections
+
+    from gymnasium import spaces
+
+    if inp.get("image"):
+        return spaces.Box(0, 255, tuple(inp["shape"][1:]), np.uint8)
+    if inp.get("leaves") is None:
+        shape = tuple(inp["observation_shape"] if "observation_shape" in inp else inp["shape"][1:])
+        return spaces.Box(-np.inf, np.inf, shape, np.float32)
+
+    def leaf_space(d):
+        shape, kind = tuple(d["shape"]), d.get("kind")
+        if kind == "image":
+            return spaces.Box(0, 255, shape, np.uint8)
+        if kind == "discrete":
+            return spaces.Discrete(d["nvec"][0], start=d["start"][0])
+        if kind == "multidiscrete":
+            return spaces.MultiDiscrete(np.reshape(d["nvec"], shape), start=np.reshape(d["start"], shape))
+        if kind == "multibinary":
+            return spaces.MultiBinary(list(shape))
+        return spaces.Box(-np.inf, np.inf, shape, np.float32)
+
+    def tree(leaves, depth):
+        if len(leaves) == 1 and len(leaves[0]["path"]) == depth:
+            return leaf_space(leaves[0])
+        parts = collections.OrderedDict()
+        for d in leaves:
+            parts.setdefault(d["path"][depth], []).append(d)
+        if all(isinstance(k, int) for k in parts):
+            return spaces.Tuple([tree(v, depth + 1) for v in parts.values()])
+        return spaces.Dict(collections.OrderedDict((k, tree(v, depth + 1)) for k, v in parts.items()))
+
+    return tree(inp["leaves"], 0)
 
 
 def is_image_space(space) -> bool:

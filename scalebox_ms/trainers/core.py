@@ -139,26 +139,8 @@ class Trainer:
         return out[0] if single else out
 
     def _as_batch(self, obs, what: str):
-        """(batch, single): ``obs`` checked against the observation space and, when it is one observation, given a
-        batch axis (a Tuple observation may also come as a list or a 1-D array of its parts)."""
-        from ..envs.obs_encoding import numbers
-
-        encoder = self.collector.encoder
-        if encoder.plain:
-            with np.errstate(over="ignore"):  # (beyond float32: inf, which predict then names in one line)
-                obs = numbers(obs, what).astype(np.float32, copy=False)
-        elif encoder.tuple_space and (isinstance(obs, list) or (isinstance(obs, np.ndarray) and obs.ndim == 1)):
-            obs = tuple(obs)
-        try:
-            single = encoder.is_single(obs)
-        except (KeyError, IndexError, TypeError):
-            single = False  # (a part is missing: check_shapes names it)
-        encoder.check_shapes(obs, single, what)  # (a wrong shape would fail deep inside a graph compile)
-        if not single and np.shape(encoder._leaf_value(obs, encoder.leaves[0]))[0] == 0:
-            raise ValueError(f"{what}: an empty batch (0 observations)")
-        if single:
-            obs = obs[None] if encoder.plain else _batch_of_one(obs)
-        return obs, single
+        """(batch, single): see :meth:`~scalebox_ms.envs.obs_encoding.ObsEncoder.as_batch`."""
+        return self.collector.encoder.as_batch(obs, what)
 
     def _check_horizon(self, total_steps: Optional[int], until: Optional[int]) -> int:
         """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at."""
@@ -207,11 +189,10 @@ class Trainer:
                 raise TypeError(f"predict: rng must be a numpy.random.Generator, an int seed >= 0 or None, got {got}")
             rng = np.random.default_rng(int(rng))
         obs, single = self._as_batch(obs, "predict")
+        from ..envs.obs_encoding import check_finite
+
         encoded = self.collector.encode(obs, "predict")
-        if encoded.dtype.kind == "f" and not np.isfinite(encoded).all():
-            row = int(np.argwhere(~np.isfinite(encoded.reshape(len(encoded), -1)))[0][0])
-            raise ValueError(f"predict: the observation{'' if single else f' at index {row}'} is not finite as "
-                             "float32 (NaN, infinity, or beyond +-3.4e38)")
+        check_finite(encoded, "predict", single)
         batch = self.collector.normalize_obs(encoded, update=False)
         if deterministic:
             actions = self._act_deterministic(batch)
@@ -282,12 +263,3 @@ def _whole(name: str, value) -> int:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     raise ConfigError(f"{name}: expected an integer, got {value!r}")
-
-
-def _batch_of_one(obs):
-    """One Dict/Tuple/Discrete observation as a batch of one (the same nesting, each leaf with a batch axis)."""
-    if isinstance(obs, dict):
-        return {k: _batch_of_one(v) for k, v in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(_batch_of_one(v) for v in obs)
-    return np.asarray(obs)[None]
