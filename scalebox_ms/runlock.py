@@ -2,13 +2,18 @@
 
 The lock is ``<run_dir>/train.lock``, held with ``fcntl.flock`` and holding the holder's pid. The kernel drops a
 flock when its process dies, so a lock file left by a killed process is simply taken over. Under a data-parallel
-launch the launching process holds the lock and tells its msrun ranks so through :data:`HELD_ENV`; under a
-user's own msrun command line rank 0 takes it.
+launch the launching process holds the lock and tells its msrun ranks so through :data:`HELD_ENV`, and each rank
+watches that lock (:func:`watch_launcher`): a launcher killed without stopping its job (SIGKILL, the OOM killer)
+frees it, and the ranks then stop rather than train on unlocked. Under a user's own msrun command line rank 0 takes
+the lock.
 """
 from __future__ import annotations
 
 import fcntl
 import os
+import signal
+import sys
+import threading
 import time
 from typing import Optional
 
@@ -96,3 +101,50 @@ def held_by_launcher(run_dir: str) -> bool:
     """True in an msrun rank whose launching process already holds ``run_dir``'s lock."""
     held = os.environ.get(HELD_ENV)
     return held is not None and os.path.realpath(held) == os.path.realpath(run_dir)
+
+
+def watch_launcher(run_dir: str, interval: float = 0.5) -> bool:
+    """In an msrun rank whose launcher holds ``run_dir``'s lock (:func:`held_by_launcher`): start a daemon thread
+    that stops the job once that lock is free while the rank still runs. The launcher then died without stopping
+    its job (it stops it on Ctrl-C, SIGTERM and SIGHUP; SIGKILL or the OOM killer leave msrun and the ranks running
+    in sessions of their own), and a ``train --resume`` could take the directory while the ranks went on writing
+    it. The thread holds a shared lock from then on (a new ``train`` is refused until the rank is gone), asks msrun
+    to stop the job (its SIGINT path kills every worker and its scheduler) and kills its own process, as msrun's
+    stop would; the run continues from its last checkpoint with ``--resume``. Returns whether it watches."""
+    if not held_by_launcher(run_dir):
+        return False
+    path = os.path.join(run_dir, LOCK_NAME)
+    try:  # (the launcher's lock file: it unlinks it only after msrun, and so this rank, has ended)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        fd = None  # already gone: so is the launcher
+
+    def watch():
+        while fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break  # (free: the launcher is gone)
+            except BlockingIOError:
+                time.sleep(interval)
+        sys.stderr.write(f"error: the data-parallel launcher is gone (its lock {path} is free) without having stopped "
+                         f"this job: rank {os.environ.get('RANK_ID', '?')} (pid {os.getpid()}) stops; continue the "
+                         "run with --resume\n")
+        sys.stderr.flush()
+        parent = os.getppid()
+        if _is_msrun(parent):
+            try:
+                os.kill(parent, signal.SIGINT)
+            except OSError:
+                pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="scalebox_ms-launcher-watch", daemon=True).start()
+    return True
+
+
+def _is_msrun(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return pid > 1 and b"msrun" in f.read()
+    except OSError:
+        return False

@@ -457,6 +457,31 @@ def test_sigterm_to_the_launcher_stops_the_whole_job_and_leaves_it_resumable(tmp
     assert list_checkpoints(os.path.join(run_dir, "checkpoints"))  # --resume has a checkpoint to continue from
 
 
+@pytest.mark.integration
+def test_a_launcher_killed_outright_takes_its_job_down_and_frees_the_run(tmp_path):
+    """SIGKILL (or the OOM killer) gives the launcher no chance to stop msrun, whose ranks run in sessions of their
+    own: they used to train on with the run's lock released, so a second --resume was accepted beside them. Each
+    rank watches the launcher's lock and stops the job once it is free; the run is left resumable."""
+    from scalebox_ms.runlock import RunLock
+    from scalebox_ms.trainers.checkpoint import list_checkpoints
+
+    proc, run_dir = _start_job(tmp_path)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert _processes_of(run_dir, wait=30) == []
+    finally:
+        for cmdline in _processes_of(run_dir, wait=0):  # (without the fix: the ranks, msrun and its scheduler)
+            try:
+                os.kill(int(cmdline.split("/")[2]), signal.SIGKILL)
+            except OSError:
+                pass
+    logs = "".join(open(p).read() for p in glob.glob(os.path.join(run_dir, "msrun", "worker_*.log")))
+    assert "the data-parallel launcher is gone" in logs
+    RunLock(run_dir).acquire().release()  # free for the --resume that continues the run
+    assert list_checkpoints(os.path.join(run_dir, "checkpoints"))
+
+
 def test_stopping_the_job_leaves_no_process_of_its_own_sessions_behind(tmp_path):
     """Ctrl-C of ``--workers`` and a dead worker both go through ``_stop_job``: msrun gets its SIGINT, and children
     that outlive it (msrun starts each worker and its scheduler in a session of its own, where a signal to msrun's

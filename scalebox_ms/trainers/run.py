@@ -252,8 +252,10 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
         check_evaluation_env(trainer)
         if distributed:
             from ..parallel.launcher import write_rank_pid
+            from ..runlock import watch_launcher
 
             write_rank_pid(run_dir, trainer.dist.rank)
+            watch_launcher(run_dir)  # (a launcher killed outright: stop, do not train on without the run's lock)
         if prefix is not None:
             _check_world_size(prefix, trainer.world_size)
             trainer.load(prefix)
