@@ -227,8 +227,9 @@ def test_a_worker_refusing_its_config_before_the_cluster_forms_ends_the_job_at_o
     r = run_module("train", "--workers", "2", "--set", "parallel.pipeline_stages=2", "--total-steps", "64",
                    "--run-dir", run_dir, "--no-progress", timeout=120)  # (TimeoutExpired if it waits for the cluster)
     assert r.returncode == 2, r.stderr[-2000:]
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: rank ") and "parallel.pipeline_stages: 2 needs Ascend or GPU" in last, last
+    lines = r.stderr.strip().splitlines()  # (rank 0's own error line and msrun's report of it: in the logs)
+    assert len(lines) == 2 and lines[0].startswith("launching 2 msrun workers"), lines
+    assert lines[1].startswith("error: rank ") and "parallel.pipeline_stages: 2 needs Ascend or GPU" in lines[1], lines
     assert "Traceback" not in r.stderr and r.stdout.strip() == ""
     assert not run_dir.exists()  # nothing worth keeping
 
@@ -432,6 +433,7 @@ def test_a_hung_worker_stops_the_job_with_every_ranks_stack(tmp_path):
     assert len(stuck) == 1 and "in collect" in logs[stuck[0]], {r: log[-1500:] for r, log in logs.items()}
     assert all("Current thread" in log or "Thread 0x" in log for log in logs.values())  # both ranks dumped
     assert proc.stdout == "" and time.time() - t0 < 240
+    assert "most recent call first" not in proc.stderr and 'File "' not in proc.stderr  # (stacks: in the logs)
     assert _processes_of(run_dir) == []
     assert list_checkpoints(os.path.join(run_dir, "checkpoints"))  # --resume has a checkpoint to continue from
 

@@ -334,6 +334,7 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     # (before msrun exists)
     old = {s: signal.signal(s, _terminated) for s in _stopping_signals()} if main else {}
     proc = None
+    console = _Console()
     dead_pid = None
     died: list = []  # (filled by the watcher thread)
     hung: list = []  # (rank, pid, seconds silent) of a job stopped as hung (filled by the watcher thread)
@@ -349,9 +350,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
                 # wait out its cluster_time_out for it (parallel.timeout); after a moment for its own clean-up,
                 # stop the job
                 threading.Thread(target=_stop_unless_ended, args=(proc, EXCEPTION_GRACE_S), daemon=True).start()
-            if _noise(line):
-                continue
-            stream.write(line)
+            if console.show(line):
+                stream.write(line)
         rc = proc.wait()
     except BaseException:  # Ctrl-C, SIGTERM/SIGHUP (_terminated: exit 130 / 143 / 129), or a broken stderr pipe:
         if main:           # no job is left running without its launcher (a second signal must not cut it short)
@@ -366,6 +366,7 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
                 signal.signal(s, handler)
             signal.signal(signal.SIGINT, old_int)
     if rc == 0 and not died and not hung and dead_pid is None:  # (msrun stopped by us after an exception: rc 0)
+        stream.writelines(console.held)
         return 0
     message = None if hung else _worker_error(run_dir)
     code = 2 if message else 1
@@ -390,7 +391,28 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     return code
 
 
-def _noise(line: str) -> bool:
-    """msrun's own INFO/WARNING chatter (kept in its logs)."""
-    return bool(re.match(r"^\[(INFO|WARNING|DEBUG)\]", line)) or "Start worker process with rank id" in line \
-        or "Start scheduler process" in line
+class _Console:
+    """What of msrun's output (its own lines and rank 0's log, ``--tail_worker_log=0``) reaches the console: a
+    failed job ends in the launcher's one-line ``error:``, so the lines it summarises stay in the logs. Hidden:
+    msrun's INFO/WARNING chatter, its report of a worker's exit, the Python stacks a hang dump prints (the message
+    points to them), and a rank's own ``error:`` line (held back: the launcher repeats it naming the rank; shown
+    as it is only if the job still succeeds)."""
+
+    STACK = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+
+    def __init__(self):
+        self.held: List[str] = []
+        self._in_stack = False
+
+    def show(self, line: str) -> bool:
+        if self._in_stack and (line.startswith("  File ") or not line.strip()):
+            return False
+        self._in_stack = bool(self.STACK.match(line))
+        if (self._in_stack or re.match(r"^\[(INFO|WARNING|DEBUG)\]", line) or "Start scheduler process" in line
+                or "Start worker process with rank id" in line
+                or re.search(r"Worker process \d+ exit with exception", line)):
+            return False
+        if line.startswith("error: "):
+            self.held.append(line)
+            return False
+        return True
