@@ -57,7 +57,14 @@ def run_cli(fn) -> int:
 def import_mindspore() -> None:
     """Import MindSpore whole: a Ctrl-C during its import (~1.5 s) is held back until the import is done, then
     raised (KeyboardInterrupt). A KeyboardInterrupt inside the import left MindSpore half-initialised, and the
-    interpreter then aborted while shutting down (SIGABRT, exit 134, a screen of "Fatal Python error")."""
+    interpreter then aborted while shutting down (SIGABRT, exit 134, a screen of "Fatal Python error").
+
+    MindSpore's logging is set to errors only (``GLOG_v=3``) unless the environment sets it: its import and first
+    context call otherwise print ~10 WARNING lines (the Ascend and GPU plugins it cannot load on a CPU machine,
+    deprecated arguments) before every command's own output."""
+    import os
+
+    os.environ.setdefault("GLOG_v", "3")  # (read when MindSpore's logger starts: before the import)
     import_held("mindspore")
 
 
