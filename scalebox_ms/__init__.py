@@ -3,7 +3,8 @@ __version__ = "0.2.0"
 
 from .config import Config, load_config  # noqa: E402  (no MindSpore import)
 from .errors import CheckpointError, ConfigError, ScaleboxError  # noqa: E402
-from .cli_common import route_sigint_around_mindspore  # noqa: E402  (stdlib only: call it before numpy/MindSpore)
+# (stdlib only: call route_sigint_around_mindspore before numpy/MindSpore start threads)
+from .cli_common import import_mindspore, route_sigint_around_mindspore  # noqa: E402
 
 
 def __getattr__(name):  # lazy: importing scalebox_ms must not pay MindSpore's ~3 s import
@@ -20,4 +21,4 @@ def __getattr__(name):  # lazy: importing scalebox_ms must not pay MindSpore's ~
 
 __all__ = ["Config", "load_config", "CheckpointError", "ConfigError", "ScaleboxError", "Sandbox", "PPOTrainer",
            "DQNTrainer", "SACTrainer", "TD3Trainer", "make_trainer", "load_trainer", "Callback",
-           "route_sigint_around_mindspore", "__version__"]
+           "import_mindspore", "route_sigint_around_mindspore", "__version__"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
@@ -74,16 +75,28 @@ def import_held(*modules: str) -> None:
     Ctrl-C ~0.1 s after ``train`` started, and the run went on to the end."""
     import importlib
 
-    if all(m in sys.modules for m in modules) or threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # (ignored, or a handler of yours)
+    if all(m in sys.modules for m in modules):
+        return
+    with sigint_held():
         for m in modules:
             importlib.import_module(m)
+
+
+@contextlib.contextmanager
+def sigint_held():
+    """Run the block with Ctrl-C held back, then raise it (KeyboardInterrupt) when the block is done; for code that
+    mishandles a KeyboardInterrupt raised inside it: MindSpore's graph compiler (``ms.export``) turned one into ~30
+    lines of ANALYZER errors and an ``analyze_fail.ir`` dump in the working directory, or lost it and went on.
+    Only in the main thread with Python's default SIGINT handler; else (ignored, or a handler of yours) the block
+    runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
         return
     held = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
-        for m in modules:
-            importlib.import_module(m)
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
     if held:

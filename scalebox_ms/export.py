@@ -107,6 +107,7 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     """
     import mindspore as ms
 
+    from .cli_common import sigint_held
     from .models.cnn import builtin_patches
 
     if not output.endswith(".mindir"):
@@ -139,8 +140,9 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     tmp_prefix = os.path.join(directory, f".tmp-{os.path.basename(output)[:-7]}-{os.getpid()}")
     try:
         os.makedirs(directory, exist_ok=True)
-        with builtin_patches(cell):  # MindSpore ops only: an aot kernel's library does not travel with the file
-            ms.export(cell, *inputs, file_name=tmp_prefix, file_format="MINDIR")
+        # (Ctrl-C: held until the compile is done, then raised here, and the temporary file removed)
+        with sigint_held(), builtin_patches(cell):  # MindSpore ops only: an aot kernel's library does not travel
+            ms.export(cell, *inputs, file_name=tmp_prefix, file_format="MINDIR")  # with the file
         if os.path.exists(sidecar_path(output)):  # an export stopped between the two files leaves no stale pair
             os.unlink(sidecar_path(output))
         os.chmod(tmp_prefix + ".mindir", 0o666 & ~umask())  # (MindSpore writes 0400: unreadable to a service user)

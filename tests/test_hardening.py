@@ -353,7 +353,8 @@ def test_ctrl_c_while_mindspore_is_imported_is_a_clean_interrupt(tmp_path, nth):
     script = tmp_path / "ctrl_c_in_import.py"
     script.write_text(
         "import os, signal, sys\n"
-        "from scalebox_ms.cli_common import import_mindspore, route_sigint_around_mindspore, run_cli\n"
+        "from scalebox_ms import import_mindspore, route_sigint_around_mindspore  # (python_api.md's names)\n"
+        "from scalebox_ms.cli_common import run_cli\n"
         "route_sigint_around_mindspore()\n"
         "class CtrlC:  # a meta path finder that only watches: SIGINT once, inside MindSpore's import\n"
         "    seen = 0\n"
