@@ -317,6 +317,21 @@ def test_resume_with_another_world_size_is_refused(dp_run, tmp_path):
         _check_world_size(list_checkpoints(os.path.join(run_dir, "checkpoints"))[-1], 1)
 
 
+@pytest.mark.integration
+def test_a_data_parallel_checkpoint_loads_into_one_process_with_all_its_envs(dp_run):
+    """load_trainer of a 2-rank checkpoint in one process (evaluate, export, predict) built all num_envs envs but
+    restored rank 0's in-flight state (half of them) over them; now every env starts afresh, with the statistics."""
+    from scalebox_ms.trainers import load_trainer
+
+    tr = load_trainer(os.path.join(dp_run[0], "checkpoints"))
+    try:
+        assert tr.global_step == 2048 and tr.num_envs == 8
+        assert np.shape(tr.collector.obs) == (8, 4) and tr.collector.obs_normalizer.rms.count > 1
+        assert tr.predict(np.zeros((8, 4), np.float32)).shape == (8,)
+    finally:
+        tr.close()
+
+
 def _start_job(tmp_path):
     """A 2-worker run started as from a terminal, once it has written two metrics rows: (process, run_dir)."""
     run_dir = str(tmp_path / "run")

@@ -185,6 +185,13 @@ def load(trainer, path: str, replay: bool = True):
             c.reward_scaler.returns[:] = 0.0
         if trainer.dist.rank > 0:
             c.rng = np.random.Generator(np.random.PCG64([seed, trainer.global_step]).jumped(trainer.dist.rank))
+    elif inflight is not None and sc.get("world_size", 1) != trainer.dist.world_size:
+        # a data-parallel checkpoint in one process (evaluate, export, predict): rank 0's envs are a share of this
+        # trainer's; start all of them afresh, seeded from (seed, step) (it cannot learn on: learn refuses)
+        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
+                update_statistics=False)
+        if c.reward_scaler is not None:
+            c.reward_scaler.returns[:] = 0.0
     elif inflight is not None and ck["env"] is not None:
         from ..envs import state as env_state
 
