@@ -274,8 +274,11 @@ class Config:
             if section not in data and section in ALGOS:
                 raise ConfigError(f"--set {path.strip()}: a key of algo {section}, but this config trains algo "
                                   f"{data['algo']} (add --set algo={section} before it)")
-            if section not in data or section == "algo":
-                raise ConfigError(unknown_key("config", section, [k for k in data if k != "algo"]))
+            if section == "algo":
+                raise ConfigError(f"--set {path.strip()}: algo is a key of its own, e.g. --set algo=sac")
+            if section not in data:  # (this config's sections and the other algorithms')
+                raise ConfigError(unknown_key("config", section, [k for k in data if k != "algo"]
+                                              + [a for a in ALGOS if a not in data]))
             if name and key in data[section]:  # one entry of a mapping-valued key (env.kwargs)
                 if not isinstance(data[section][key], dict):
                     raise ConfigError(f"--set {path.strip()}: {section}.{key} is not a mapping (only a mapping such "

@@ -80,6 +80,8 @@ def test_overrides_set_one_entry_of_a_mapping():
     ("ppo.bogus.x=1", "ppo: unknown key 'bogus'"),
     ("ppo.bogus=1", "ppo: unknown key 'bogus'"),
     ("ppo.n_epochs=[1", "ppo.n_epochs: value '[1' is not valid YAML"),
+    ("foo.bar=1", "unknown key 'foo' (known: env, policy, ppo, run, sandbox, amp, parallel, dqn, sac, td3)"),
+    ("algo.name=sac", "algo is a key of its own, e.g. --set algo=sac"),
 ])
 def test_bad_overrides(override, culprit):
     with pytest.raises(ConfigError) as exc:
