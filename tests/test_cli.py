@@ -74,6 +74,10 @@ def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     assert resumed["global_step"] == 1024 and resumed["status"] == "completed"
     assert resumed["param_sha256"] == full["param_sha256"]
     assert metrics_rows(tmp_path / "half") == metrics_rows(tmp_path / "full")
+    r = run_module("train", "--resume", tmp_path / "half", "--no-progress")  # (completed: no iteration to run)
+    again = json.loads(r.stdout)
+    assert again["status"] == "completed" and again["global_step"] == 1024, r.stderr[-2000:]
+    assert again["episode_return_mean"] == resumed["episode_return_mean"] is not None  # (was null)
     # same seed, fresh process: identical parameters and metrics
     again = train("--total-steps", 1024, "--run-dir", tmp_path / "again")
     assert again["param_sha256"] == full["param_sha256"]

@@ -143,6 +143,10 @@ def environment_record(cfg: Config, trainer) -> dict:
             "config_sha256": cfg.hash(), "sandbox": repr(trainer.sandbox)}
 
 
+def _mean_or_nan(values) -> float:
+    return float(sum(values) / len(values)) if len(values) else float("nan")
+
+
 def _check_world_size(prefix: str, world_size: int) -> None:
     saved = read_sidecar(prefix)["world_size"]
     if saved != world_size:
@@ -354,7 +358,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         "iterations": trainer.iteration,
         "wall_time_s": trainer.wall_time_s,
         "steps_per_second": trainer.global_step / trainer.wall_time_s if trainer.wall_time_s > 0 else float("nan"),
-        "episode_return_mean": m.get("episode_return_mean", float("nan")),
+        # (no iteration in this session, e.g. --resume of a completed run: the checkpoint's last 100 episodes)
+        "episode_return_mean": m.get("episode_return_mean", _mean_or_nan(trainer.collector.episode_returns)),
         "episodes": trainer.episodes,
         "peak_rss_mb": peak_rss_mb(),
         "param_sha256": trainer.parameters_sha256(),
