@@ -512,7 +512,18 @@ def test_amp_trains_every_loss_with_the_loss_scaler(make, level):
     assert "model.loss_scale" in names or any(n.endswith("loss_scale") for n in names)
     assert t.parameters_sha256() != before
     assert np.all(np.isfinite(t.predict(np.zeros(t.spec.obs_dim, np.float32))))
+    if cfg.algo == "dqn":  # (host_acting auto: the graph acts, in float16 as it trains; not the float32 numpy copy)
+        assert t.host_q is None
     t.close()
+
+
+def test_dqn_host_acting_true_under_amp_is_refused():
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = dqn_config(host_acting=True)
+    cfg.amp.level = "O1"
+    with pytest.raises(ConfigError, match=r"^dqn.host_acting: true acts with a float32 numpy copy .* amp.level O1 "):
+        make_trainer(cfg)
 
 
 @pytest.mark.parametrize("algo, env_id", [("sac", "Pendulum-v1"), ("dqn", "CartPole-v1")])
