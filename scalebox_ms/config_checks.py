@@ -115,11 +115,12 @@ def _check_ppo(o: PPOConfig) -> None:
     _choices("ppo", o)
     _check(o.n_steps >= 1, "ppo.n_steps", f"must be >= 1, got {short_repr(o.n_steps)}")
     _check(o.n_epochs >= 1, "ppo.n_epochs", f"must be >= 1, got {short_repr(o.n_epochs)}")
+    # (used by batch_size: auto only, but a bad value is refused whatever the batch size: it waits for a switch)
+    _check(o.min_batch >= 1, "ppo.min_batch", f"must be >= 1, got {short_repr(o.min_batch)}")
+    _check(o.max_batch >= o.min_batch, "ppo.max_batch", f"({o.max_batch}) must be >= ppo.min_batch ({o.min_batch})")
     if isinstance(o.batch_size, str):
         _check(o.batch_size == "auto", "ppo.batch_size",
                f"must be an integer or 'auto', got {short_repr(o.batch_size)}")
-        _check(o.min_batch >= 1, "ppo.min_batch", f"must be >= 1, got {short_repr(o.min_batch)}")
-        _check(o.max_batch >= o.min_batch, "ppo.max_batch", f"({o.max_batch}) must be >= ppo.min_batch ({o.min_batch})")
     else:
         _check(o.batch_size >= 1, "ppo.batch_size", f"must be >= 1, got {short_repr(o.batch_size)}")
     _check(0.0 <= o.gamma <= 1.0, "ppo.gamma", f"must be in [0, 1], got {short_repr(o.gamma)}")
