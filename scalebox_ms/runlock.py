@@ -105,12 +105,13 @@ def held_by_launcher(run_dir: str) -> bool:
 
 def watch_launcher(run_dir: str, interval: float = 0.5) -> bool:
     """In an msrun rank whose launcher holds ``run_dir``'s lock (:func:`held_by_launcher`): start a daemon thread
-    that stops the job once that lock is free while the rank still runs. The launcher then died without stopping
-    its job (it stops it on Ctrl-C, SIGTERM and SIGHUP; SIGKILL or the OOM killer leave msrun and the ranks running
-    in sessions of their own), and a ``train --resume`` could take the directory while the ranks went on writing
-    it. The thread holds a shared lock from then on (a new ``train`` is refused until the rank is gone), asks msrun
-    to stop the job (its SIGINT path kills every worker and its scheduler) and kills its own process, as msrun's
-    stop would; the run continues from its last checkpoint with ``--resume``. Returns whether it watches."""
+    that stops the job once the launcher is gone while the rank still runs: its lock is free, or its pid (which it
+    wrote into the lock file) no longer runs, for a new ``train`` may have taken the lock at once. The launcher then
+    died without stopping its job (it stops it on Ctrl-C, SIGTERM and SIGHUP; SIGKILL or the OOM killer leave msrun
+    and the ranks running in sessions of their own), and the ranks must not go on writing a directory no one holds.
+    The thread asks msrun to stop the job (its SIGINT path kills every worker and its scheduler) and kills its own
+    process, as msrun's stop would; the run continues from its last checkpoint with ``--resume``. Returns whether it
+    watches."""
     if not held_by_launcher(run_dir):
         return False
     path = os.path.join(run_dir, LOCK_NAME)
@@ -118,17 +119,23 @@ def watch_launcher(run_dir: str, interval: float = 0.5) -> bool:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         fd = None  # already gone: so is the launcher
+    launcher = None if fd is None else _read_pid(fd)
+
+    def gone() -> bool:
+        if fd is None or (launcher is not None and not _running(launcher)):
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True  # (free: the launcher is gone)
+        except BlockingIOError:
+            return False
 
     def watch():
-        while fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                break  # (free: the launcher is gone)
-            except BlockingIOError:
-                time.sleep(interval)
-        sys.stderr.write(f"error: the data-parallel launcher is gone (its lock {path} is free) without having stopped "
-                         f"this job: rank {os.environ.get('RANK_ID', '?')} (pid {os.getpid()}) stops; continue the "
-                         "run with --resume\n")
+        while not gone():
+            time.sleep(interval)
+        sys.stderr.write(f"error: the data-parallel launcher (pid {launcher}) is gone without having stopped this job "
+                         f"(its lock {path} is no longer held by it): rank {os.environ.get('RANK_ID', '?')} (pid "
+                         f"{os.getpid()}) stops; continue the run with --resume\n")
         sys.stderr.flush()
         parent = os.getppid()
         if _is_msrun(parent):
@@ -140,6 +147,21 @@ def watch_launcher(run_dir: str, interval: float = 0.5) -> bool:
 
     threading.Thread(target=watch, name="scalebox_ms-launcher-watch", daemon=True).start()
     return True
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _is_msrun(pid: int) -> bool:

@@ -494,9 +494,37 @@ def test_a_launcher_killed_outright_takes_its_job_down_and_frees_the_run(tmp_pat
             except OSError:
                 pass
     logs = "".join(open(p).read() for p in glob.glob(os.path.join(run_dir, "msrun", "worker_*.log")))
-    assert "the data-parallel launcher is gone" in logs
+    assert f"the data-parallel launcher (pid {proc.pid}) is gone" in logs
     RunLock(run_dir).acquire().release()  # free for the --resume that continues the run
     assert list_checkpoints(os.path.join(run_dir, "checkpoints"))
+
+
+@pytest.mark.parametrize("launcher", ["alive", "dead"])
+def test_a_rank_stops_once_its_launcher_is_dead_even_if_the_lock_is_taken_again(tmp_path, launcher):
+    """The watch must not rely on the lock being free: a `train --resume` restarted at once (a supervisor after an
+    OOM kill) may hold it before the next poll. Here the lock is held (by this process), but the pid the launcher
+    wrote into it is a dead one: the stand-in rank stops; with a live pid it keeps running."""
+    from scalebox_ms.runlock import HELD_ENV, RunLock
+
+    run_dir = str(tmp_path)
+    lock = RunLock(run_dir).acquire()
+    try:
+        if launcher == "dead":
+            gone = subprocess.Popen([sys.executable, "-c", "pass"])
+            gone.wait()
+            with open(lock.path, "w") as f:  # (the file's content only: the flock stays this process's)
+                f.write(f"{gone.pid}\n")
+        rank = subprocess.run([sys.executable, "-c", "import time; from scalebox_ms.runlock import watch_launcher; "
+                               f"assert watch_launcher({run_dir!r}, interval=0.05); time.sleep(3); print('trained on')"],
+                              env=dict(os.environ, **{HELD_ENV: run_dir, "PYTHONPATH": REPO}), capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        lock.release()
+    if launcher == "dead":
+        assert rank.returncode == -signal.SIGKILL and rank.stdout == "", rank.stderr[-2000:]
+        assert f"the data-parallel launcher (pid {gone.pid}) is gone" in rank.stderr
+    else:
+        assert rank.returncode == 0 and rank.stdout.strip() == "trained on", rank.stderr[-2000:]
 
 
 def test_stopping_the_job_leaves_no_process_of_its_own_sessions_behind(tmp_path):
