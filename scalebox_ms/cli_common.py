@@ -97,8 +97,12 @@ def sigint_held():
     previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
         yield
-    finally:
+    except BaseException as exc:  # (an error after a Ctrl-C: the Ctrl-C is what was asked for)
         signal.signal(signal.SIGINT, previous)
+        if held:
+            raise KeyboardInterrupt from exc
+        raise
+    signal.signal(signal.SIGINT, previous)
     if held:
         raise KeyboardInterrupt
 

@@ -261,10 +261,11 @@ class MindIRPolicy:
         inp = self.sidecar["input"]
         if inp.get("leaves") is not None:
             encoder = self._encoder()
-            obs, _ = encoder.as_batch(obs, what)
-            arrays = encoder.leaf_arrays(obs, what)
+            obs, single = encoder.as_batch(obs, what)
+            with np.errstate(over="ignore"):  # (beyond float32: inf, named below)
+                arrays = encoder.leaf_arrays(obs, what)
             for leaf, x in zip(encoder.leaves, arrays):
-                check_finite(x, what, False, f"observation part {leaf.name}")
+                check_finite(x, what, single, f"observation part {leaf.name}")
             return self.cell(*[ms.Tensor(x) for x in arrays]).asnumpy()
         obs = numbers(obs, what)
         if inp.get("image"):
@@ -282,9 +283,13 @@ class MindIRPolicy:
     def _encoder(self):
         """The ObsEncoder of the observation space the sidecar describes (its checks of observations)."""
         if getattr(self, "_obs_encoder", None) is None:
-            from .envs.obs_encoding import ObsEncoder, space_of_inputs
+            from .envs.obs_encoding import LEAF_KINDS, ObsEncoder, space_of_inputs
 
             inp = self.sidecar["input"]
+            if inp.get("leaves") is not None and not all(
+                    isinstance(d, dict) and d.get("kind") in LEAF_KINDS for d in inp["leaves"]):
+                raise ConfigError("MindIRPolicy: the sidecar's input leaves lack their kind (box, discrete, ...): "
+                                  "not a sidecar written by scalebox_ms.export; export again")
             encoder = ObsEncoder(space_of_inputs(inp), self.sidecar.get("env_id", "env"))
             if inp.get("leaves") is not None and [(list(leaf.path), list(leaf.shape)) for leaf in encoder.leaves] != [
                     (list(d["path"]), list(d["shape"])) for d in inp["leaves"]]:

@@ -245,6 +245,26 @@ def test_ctrl_c_during_the_graph_compile_is_raised_after_it_and_writes_nothing(c
     assert len(compiled) == 1 and os.listdir(tmp_path / "out") == []
 
 
+def test_sigint_held_raises_a_held_ctrl_c_over_an_error_in_the_block():
+    import signal
+
+    from scalebox_ms.cli_common import sigint_held
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            with sigint_held():
+                os.kill(os.getpid(), signal.SIGINT)
+                raise OSError("disk full")  # (after the Ctrl-C: the Ctrl-C is what the user asked for)
+        assert isinstance(info.value.__cause__, OSError)
+        with pytest.raises(OSError, match="disk full"):
+            with sigint_held():
+                raise OSError("disk full")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("edit", ["no input", "input null", "no env_id", "no action_space", "action_space []"])
 def test_a_sidecar_without_its_keys_is_refused_in_one_line(cartpole, tmp_path, edit):
     """A sidecar that is JSON but lacks a key used to end evaluate --mindir in a KeyError traceback."""

@@ -517,13 +517,21 @@ def test_amp_trains_every_loss_with_the_loss_scaler(make, level):
     t.close()
 
 
-def test_dqn_host_acting_true_under_amp_is_refused():
+def test_dqn_host_acting_true_under_amp_acts_with_the_graph_and_says_so(caplog):
+    """(a warning, not a refusal: runs trained so before must still resume, evaluate and export)"""
+    import logging
+
     from scalebox_ms.trainers import make_trainer
 
     cfg = dqn_config(host_acting=True)
     cfg.amp.level = "O1"
-    with pytest.raises(ConfigError, match=r"^dqn.host_acting: true acts with a float32 numpy copy .* amp.level O1 "):
-        make_trainer(cfg)
+    with caplog.at_level(logging.WARNING):
+        t = make_trainer(cfg)
+    try:
+        assert t.host_q is None
+        assert any("dqn.host_acting true: compiled graph (amp.level O1" in r.getMessage() for r in caplog.records)
+    finally:
+        t.close()
 
 
 @pytest.mark.parametrize("algo, env_id", [("sac", "Pendulum-v1"), ("dqn", "CartPole-v1")])

@@ -449,6 +449,8 @@ def test_a_hung_worker_stops_the_job_with_every_ranks_stack(tmp_path):
     assert all("Current thread" in log or "Thread 0x" in log for log in logs.values())  # both ranks dumped
     assert proc.stdout == "" and time.time() - t0 < 240
     assert "most recent call first" not in proc.stderr and 'File "' not in proc.stderr  # (stacks: in the logs)
+    with open(os.path.join(run_dir, "msrun", "launcher.log")) as f:  # (all of what msrun printed, rank 0's log too)
+        assert "most recent call first" in f.read()
     assert _processes_of(run_dir) == []
     assert list_checkpoints(os.path.join(run_dir, "checkpoints"))  # --resume has a checkpoint to continue from
 

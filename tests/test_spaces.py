@@ -553,6 +553,15 @@ def test_predict_and_normalize_obs_take_one_observation_or_a_batch():
         assert blackjack.predict(one) == expected[0]
         assert blackjack.predict(list(one)) == blackjack.predict(np.array(one)) == expected[0]
         np.testing.assert_array_equal(blackjack.normalize_obs(list(one)), blackjack.normalize_obs(parts)[0])
+        # stacked observations: (N, parts) by rows (two actions here, not three), or (parts, N); (3, 3) is ambiguous
+        rows = np.stack(parts, axis=1)
+        np.testing.assert_array_equal(blackjack.predict(rows), expected)
+        np.testing.assert_array_equal(blackjack.predict(rows.T), expected)
+        np.testing.assert_array_equal(blackjack.predict(rows.tolist()), expected)
+        with pytest.raises(ValueError, match=r"^predict: a \(3, 3\) array is ambiguous for a Tuple of 3 parts"):
+            blackjack.predict(np.zeros((3, 3), np.int64))
+        with pytest.raises(ValueError, match=r"^predict: an array of shape \(4, 2\) for a Tuple of 3 scalar parts"):
+            blackjack.predict(np.zeros((4, 2), np.int64))
     finally:
         box.close()
         blackjack.close()

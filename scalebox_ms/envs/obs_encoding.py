@@ -210,8 +210,8 @@ class ObsEncoder:
         if self.plain:
             with np.errstate(over="ignore"):  # (beyond float32: inf, which check_finite then names in one line)
                 obs = numbers(obs, what).astype(np.float32, copy=False)
-        elif self.tuple_space and (isinstance(obs, list) or (isinstance(obs, np.ndarray) and obs.ndim == 1)):
-            obs = tuple(obs)
+        elif self.tuple_space and isinstance(obs, (list, np.ndarray)):
+            obs = self._tuple_parts(obs, what)
         try:
             single = self.is_single(obs)
         except (KeyError, IndexError, TypeError):
@@ -222,6 +222,30 @@ class ObsEncoder:
         if single:
             obs = obs[None] if self.plain else _batch_of_one(obs)
         return obs, single
+
+    def _tuple_parts(self, obs, what: str):
+        """A Tuple observation given as a list or an array, as a tuple of its parts. A Tuple of scalar parts (e.g.
+        Blackjack's three Discretes) may come as an ``(N, parts)`` array of N observations, or ``(parts, N)``; a
+        square one is ambiguous and refused (it used to be read as parts by rows, and ``(N, parts)`` arrays misread
+        as N parts)."""
+        parts = len(self.space.spaces)
+        if not all(getattr(sub, "shape", None) == () for sub in self.space.spaces):
+            return tuple(obs) if isinstance(obs, list) or obs.ndim == 1 else obs
+        try:
+            array = np.asarray(obs)
+        except ValueError:  # (ragged: check_shapes names the part)
+            return tuple(obs)
+        if array.ndim != 2 or array.dtype.kind not in "biuf":
+            return tuple(obs) if array.ndim == 1 or isinstance(obs, list) else obs
+        if array.shape == (parts, parts):
+            raise ValueError(f"{what}: a ({parts}, {parts}) array is ambiguous for a Tuple of {parts} parts "
+                             f"(observations by rows, or parts by rows); give a tuple of {parts} batched parts")
+        if array.shape[1] == parts:  # N observations by rows
+            return tuple(array[:, i] for i in range(parts))
+        if array.shape[0] == parts:  # the parts by rows
+            return tuple(array)
+        raise ValueError(f"{what}: an array of shape {array.shape} for a Tuple of {parts} scalar parts; give (N, "
+                         f"{parts}) observations by rows, or a tuple of {parts} batched parts")
 
     def leaf_arrays(self, obs, what: Optional[str] = None) -> List[np.ndarray]:
         """The batch's leaves in :attr:`leaves` order, each ``(batch, *leaf.shape)`` in its input dtype, checked to

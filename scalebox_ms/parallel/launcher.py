@@ -223,6 +223,9 @@ def _stop_job_now(proc, grace: float) -> None:
                 pass
 
 
+#: msrun's own output (its lines and rank 0's log), all of it, in the log directory: the console shows only part
+LAUNCHER_LOG = "launcher.log"
+
 EXCEPTION_GRACE_S = 3.0  # after msrun reports a worker's exception, how long it may take to end the job itself
 
 
@@ -317,7 +320,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     created = fresh and not os.path.exists(run_dir)
     os.makedirs(log_dir, exist_ok=True)
     # a previous launch's files (resume): not this job's
-    for pattern in ("rank_*.pid", "rank_*.alive", "rank_*.beat", "rank_*.exit", "worker_*.log", "scheduler.log"):
+    for pattern in ("rank_*.pid", "rank_*.alive", "rank_*.beat", "rank_*.exit", "worker_*.log", "scheduler.log",
+                    LAUNCHER_LOG):
         for stale in glob.glob(os.path.join(log_dir, pattern)):
             os.unlink(stale)
     port = free_port()
@@ -334,7 +338,7 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     # (before msrun exists)
     old = {s: signal.signal(s, _terminated) for s in _stopping_signals()} if main else {}
     proc = None
-    console = _Console()
+    console = _Console(os.path.join(log_dir, LAUNCHER_LOG))
     dead_pid = None
     died: list = []  # (filled by the watcher thread)
     hung: list = []  # (rank, pid, seconds silent) of a job stopped as hung (filled by the watcher thread)
@@ -361,6 +365,7 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
             _stop_job(proc)  # msrun's workers and scheduler run in sessions of their own: stop them all
         raise
     finally:
+        console.close()
         if main:
             for s, handler in old.items():
                 signal.signal(s, handler)
@@ -393,18 +398,21 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
 
 class _Console:
     """What of msrun's output (its own lines and rank 0's log, ``--tail_worker_log=0``) reaches the console: a
-    failed job ends in the launcher's one-line ``error:``, so the lines it summarises stay in the logs. Hidden:
-    msrun's INFO/WARNING chatter, its report of a worker's exit, the Python stacks a hang dump prints (the message
-    points to them), and a rank's own ``error:`` line (held back: the launcher repeats it naming the rank; shown
-    as it is only if the job still succeeds)."""
+    failed job ends in the launcher's one-line ``error:``, so the lines it summarises go to ``launcher.log`` in
+    the log directory instead (with every other line msrun printed). Hidden: msrun's INFO/WARNING chatter, its
+    report of a worker's exit, the Python stacks a hang dump prints (the message points to them), and a rank's own
+    ``error:`` line (held back: the launcher repeats it naming the rank; shown as it is only if the job still
+    succeeds)."""
 
     STACK = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 
-    def __init__(self):
+    def __init__(self, log_path: str):
         self.held: List[str] = []
         self._in_stack = False
+        self._log = open(log_path, "a", encoding="utf-8", errors="replace")
 
     def show(self, line: str) -> bool:
+        self._log.write(line)
         if self._in_stack and (line.startswith("  File ") or not line.strip()):
             return False
         self._in_stack = bool(self.STACK.match(line))
@@ -416,3 +424,6 @@ class _Console:
             self.held.append(line)
             return False
         return True
+
+    def close(self) -> None:
+        self._log.close()

@@ -46,8 +46,11 @@ def acting_trainer(cfg, run_dir: str, checkpoint=None):
     ``run_dir``'s latest, for evaluate and export: it acts, it never trains. So an off-policy trainer builds no
     optimizer kernels and neither reads the checkpoint's replay buffer nor allocates one of the run's size (a
     1e6-transition buffer would double the memory training needed just to evaluate)."""
+    import copy
+
     from .checkpoint import load_into
 
+    cfg = copy.deepcopy(cfg)  # (the caller's Config stays as it was)
     if cfg.algo != "ppo":
         o = cfg.algo_config
         o.optimizer_kernel = "builtin"

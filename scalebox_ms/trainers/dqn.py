@@ -161,9 +161,11 @@ class DQNTrainer(OffPolicyTrainer):
                 self.log.info("dqn.host_acting auto: compiled graph (image observations: a NatureCNN Q-network)")
         elif self.amp is not None:  # the numpy copy computes in float32: it would not act as the graph does
             self.host_q = None
-            if choice == "auto":
-                self.log.info("dqn.host_acting auto: compiled graph (amp.level %s: the Q-network computes in %s; "
-                              "the numpy copy would act in float32)", self.config.amp.level, self.config.amp.dtype)
+            if choice is not False:  # (true: a warning, not a refusal, so that such a run still resumes/evaluates)
+                log = self.log.info if choice == "auto" else self.log.warning
+                log("dqn.host_acting %s: compiled graph (amp.level %s: the Q-network computes in %s; the numpy copy "
+                    "would act in float32)", "auto" if choice == "auto" else "true", self.config.amp.level,
+                    self.config.amp.dtype)
         else:
             host = HostQNetwork(self.learner.q.q_net)
             use = choice is True or (choice == "auto" and host.macs <= HOST_ACTING_MAX_MACS)
@@ -177,9 +179,6 @@ class DQNTrainer(OffPolicyTrainer):
         if spec.cnn and self.config.dqn.host_acting is True:
             return ("dqn.host_acting: true needs an MLP Q-network; image observations use a NatureCNN (set auto or "
                     "false)")
-        if self.amp is not None and self.config.dqn.host_acting is True:
-            return (f"dqn.host_acting: true acts with a float32 numpy copy of the Q-network, but amp.level "
-                    f"{self.config.amp.level} computes it in {self.config.amp.dtype} (set auto or false)")
         return None
 
     def _policy(self):

@@ -144,7 +144,9 @@ def environment_record(cfg: Config, trainer) -> dict:
 
 
 def _mean_or_nan(values) -> float:
-    return float(sum(values) / len(values)) if len(values) else float("nan")
+    import numpy as np
+
+    return float(np.mean(values)) if len(values) else float("nan")  # (as the iteration metrics compute it)
 
 
 def _check_world_size(prefix: str, world_size: int) -> None:
