@@ -302,7 +302,7 @@ def test_loading_the_latest_checkpoint_of_a_run_still_being_pruned(tmp_path):
     class Pruned:  # trainer.load, while the run's trainer writes step 200 and prunes step 100
         calls = []
 
-        def load(self, prefix):
+        def load(self, prefix, replay=True):
             self.calls.append(os.path.basename(prefix))
             if prefix.endswith("100"):
                 (ckdir / "ckpt_000000000200.json").write_text("{}")
@@ -317,7 +317,7 @@ def test_loading_the_latest_checkpoint_of_a_run_still_being_pruned(tmp_path):
     class Corrupt:
         calls = 0
 
-        def load(self, prefix):
+        def load(self, prefix, replay=True):
             Corrupt.calls += 1
             raise CheckpointError(f"{prefix}.json was edited or is corrupt")
 
