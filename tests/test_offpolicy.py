@@ -517,6 +517,18 @@ def test_amp_trains_every_loss_with_the_loss_scaler(make, level):
     t.close()
 
 
+def test_stochastic_predict_takes_a_legacy_random_state():
+    from scalebox_ms.trainers import make_trainer
+
+    t = make_trainer(dqn_config())
+    try:
+        obs = np.zeros((3, 4), np.float32)
+        a = t.predict(obs, deterministic=False, rng=np.random.RandomState(3))  # (DQN: AttributeError 'integers')
+        np.testing.assert_array_equal(a, t.predict(obs, deterministic=False, rng=np.random.RandomState(3)))
+    finally:
+        t.close()
+
+
 def test_dqn_host_acting_true_under_amp_acts_with_the_graph_and_says_so(caplog):
     """(a warning, not a refusal: runs trained so before must still resume, evaluate and export)"""
     import logging

@@ -58,7 +58,22 @@ def test_callback_can_stop_and_until_pauses(small_cfg):
         tr.predict(np.zeros((0, 4), np.float32))
     tr.learn(until=0)  # (the envs' reset only)
     assert tr.global_step == 192
+
+    class NumpyAnswer(Callback):  # (a numpy comparison: np.False_ is not False, and used not to stop)
+        def on_iteration_end(self, trainer, metrics):
+            return np.int64(metrics["global_step"]) < 0
+
+    tr.learn(1024, callbacks=[NumpyAnswer()])
+    assert tr.global_step == 256  # (one iteration)
+    tr.learn(1024, until=320, callbacks=None)
+    assert tr.global_step == 320
+    with pytest.raises(ValueError, match=r"^seed: must be an integer in \[0, 2\*\*32\), got -1"):
+        evaluate_policy(tr, episodes=1, seed=-1, deterministic=False)
+    with pytest.raises(ValueError, match=r"^max_envs: must be an integer >= 1, got 0"):
+        evaluate_policy(tr, episodes=1, max_envs=0)
     tr.close()
+    with pytest.raises(ConfigError, match=r"^learn: this PPOTrainer was closed"):
+        tr.learn(until=512)  # (it used to step the closed envs on)
 
 
 @pytest.mark.parametrize("kernel", ["builtin", "auto"])
@@ -138,6 +153,13 @@ def test_save_into_a_directory_uses_the_runs_checkpoint_name(tmp_path, small_cfg
             b.close()
         with pytest.raises(CheckpointError, match="save: the checkpoint prefix must be a path, got int"):
             a.save(3)
+        # a file name of the checkpoint as the prefix (it wrote named.json.json, which load did not find), and
+        # path-likes for load as for save
+        assert a.save(str(tmp_path / "named.json")) == str(tmp_path / "named.json")
+        for path in (str(tmp_path / "named.json"), tmp_path / "named.ckpt", tmp_path / "named"):
+            b = load_trainer(path)
+            assert b.parameters_sha256() == a.parameters_sha256()
+            b.close()
     finally:
         a.close()
 

@@ -50,7 +50,9 @@ def acting_trainer(cfg, run_dir: str, checkpoint=None):
 
     from .checkpoint import load_into
 
-    cfg = copy.deepcopy(cfg)  # (the caller's Config stays as it was)
+    from ..config import Config
+
+    cfg = Config.from_dict(cfg) if isinstance(cfg, dict) else copy.deepcopy(cfg)  # (the caller's stays as it was)
     if cfg.algo != "ppo":
         o = cfg.algo_config
         o.optimizer_kernel = "builtin"

@@ -171,7 +171,11 @@ def write_npz(path: str, arrays: dict) -> None:
 
 
 def resolve_checkpoint(path: str) -> str:
-    """Accept a sidecar (.json), a .ckpt, a prefix, or a directory (latest checkpoint); return the prefix."""
+    """Accept a sidecar (.json), a .ckpt, a prefix, or a directory (latest checkpoint), as a str or a path-like;
+    return the prefix."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointError(f"the checkpoint path must be a path, got {type(path).__name__}")
+    path = os.fspath(path)
     if os.path.isdir(path):
         found = list_checkpoints(path)
         if not found:

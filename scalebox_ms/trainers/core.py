@@ -90,6 +90,7 @@ class Trainer:
         self.wall_time_s = 0.0  # accumulated over sessions (resume)
         self.evaluations: list = []  # EvalCallback's results while training (run.eval_every), kept in checkpoints
         self._last_metrics: dict = {}
+        self._closed = False
         # stochastic predict(): its own stream of the run's seed (never the training stream)
         self._predict_rng = np.random.Generator(np.random.PCG64([self.config.run.seed, 1]))
 
@@ -162,6 +163,11 @@ class Trainer:
         Returns (the step to stop at, the callbacks)."""
         from .callbacks import EvalCallback
 
+        if self._closed:
+            raise ConfigError(f"learn: this {type(self).__name__} was closed (its envs are gone); build a new one, "
+                              "e.g. load_trainer(checkpoint)")
+        if callbacks is None:
+            callbacks = ()
         stop_at = self._check_horizon(total_steps, until)
         if self.collector.obs is None:
             self.collector.reset(seed=self._env_seed(self.config.run.seed), step=self.global_step)
@@ -188,6 +194,8 @@ class Trainer:
                 got = repr(rng) if isinstance(rng, (int, np.integer)) else type(rng).__name__
                 raise TypeError(f"predict: rng must be a numpy.random.Generator, an int seed >= 0 or None, got {got}")
             rng = np.random.default_rng(int(rng))
+        elif isinstance(rng, np.random.RandomState):  # (the algorithms draw with Generator methods)
+            rng = np.random.default_rng(rng.randint(0, 2**63, dtype=np.int64))
         obs, single = self._as_batch(obs, "predict")
         from ..envs.obs_encoding import check_finite
 
@@ -251,6 +259,7 @@ class Trainer:
         return cls(cfg, sandbox=sandbox).load(path)
 
     def close(self) -> None:
+        self._closed = True
         self.collector.close()
 
 
@@ -263,3 +272,9 @@ def _whole(name: str, value) -> int:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     raise ConfigError(f"{name}: expected an integer, got {value!r}")
+
+
+def _stops(answer) -> bool:
+    """Whether a callback's ``on_iteration_end`` answer stops training: False, numpy's False_ included (``return
+    np.mean(returns) < 475``); None, True and anything else go on."""
+    return isinstance(answer, (bool, np.bool_)) and not answer

@@ -76,6 +76,10 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
 
     if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
         raise ValueError(f"episodes: must be an integer >= 1, got {episodes!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed: must be an integer in [0, 2**32), got {seed!r}")
+    if isinstance(max_envs, bool) or not isinstance(max_envs, (int, np.integer)) or max_envs < 1:
+        raise ValueError(f"max_envs: must be an integer >= 1, got {max_envs!r}")
     limit = episodes if max_restarts is None else int(max_restarts)
     n = min(episodes, max_envs)
     env = make_vec_env(env_id, n, env_kwargs, isolation=isolation, step_timeout=step_timeout,
@@ -182,6 +186,8 @@ def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, determinist
     import numpy as np
 
     cfg = trainer.config.env
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed: must be an integer in [0, 2**32), got {seed!r}")  # (before PCG64 sees it)
     rng = None if deterministic else np.random.Generator(np.random.PCG64([seed, 2]))
     return run_episodes(cfg.id, cfg.kwargs, lambda obs: trainer.predict(obs, deterministic=deterministic, rng=rng),
                         episodes, seed, max_envs, max_restarts=max_restarts, should_stop=should_stop,

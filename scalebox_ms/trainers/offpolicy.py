@@ -38,7 +38,7 @@ from ..config_offpolicy import space_refusal
 from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
 from . import checkpoint
-from .core import Callback, Trainer
+from .core import Callback, Trainer, _stops
 from .kernels import select_conv_backend, select_conv_kernel, select_optimizer_kernel
 from .offpolicy_graph import NONFINITE_LIMIT, DeployActor, NativeCycle, PolicyCall, TrainingPhase
 
@@ -228,7 +228,7 @@ class OffPolicyTrainer(Trainer):
             metrics = self._iteration(stop_at)
             stop = False
             for cb in callbacks:
-                if cb.on_iteration_end(self, metrics) is False:
+                if _stops(cb.on_iteration_end(self, metrics)):
                     stop = True
             if stop:
                 break

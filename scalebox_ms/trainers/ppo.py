@@ -26,7 +26,7 @@ import numpy as np
 from ..config import Config, micro_batches
 from ..errors import ConfigError
 from ..sandbox import Sandbox
-from .core import Callback, Trainer
+from .core import Callback, Trainer, _stops
 
 __all__ = ["Callback", "PPOTrainer", "schedule_value"]
 
@@ -238,7 +238,7 @@ class PPOTrainer(Trainer):
                 self.sandbox.check_memory()
             stop = False
             for cb in callbacks:
-                if cb.on_iteration_end(self, metrics) is False:
+                if _stops(cb.on_iteration_end(self, metrics)):
                     stop = True
             if stop:
                 break

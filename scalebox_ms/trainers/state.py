@@ -78,6 +78,9 @@ def save(trainer, prefix: str) -> str:
     prefix = os.fspath(prefix)
     if prefix == "" or prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
         prefix = checkpoint_prefix(prefix or ".", trainer.global_step)
+    for ext in (".json", ".ckpt"):  # (the name of one of its files: the prefix load then finds)
+        if prefix.endswith(ext) and len(os.path.basename(prefix)) > len(ext):
+            prefix = prefix[: -len(ext)]
 
     c = trainer.collector
     # stored in the logical (nn.Dense) layout whatever policy.layer/align: FusedDense padding is not saved, and
