@@ -346,6 +346,31 @@ def test_save_replay_false_writes_no_replay_and_resume_refills(tmp_path):
     assert out["status"] == "completed" and out["replay_size"] < out["global_step"] - 1000 + 64
 
 
+@pytest.mark.parametrize("algo", ["dqn", "sac"])
+def test_loading_into_a_trainer_that_trained_on_restarts_from_the_checkpoint(tmp_path, algo):
+    """A checkpoint saved before any step (no in-flight state) and without its replay, loaded into a trainer that
+    has trained since: the trainer kept its own episodes and replay rows (the log said the buffer starts empty),
+    so learning on differed from the checkpoint's own continuation."""
+    from scalebox_ms.trainers import make_trainer
+
+    cfg = dqn_config() if algo == "dqn" else _vec(sac_config(train_freq=4, gradient_steps=2), 2)
+    cfg.run.save_replay = False
+    fresh = make_trainer(cfg)
+    fresh.learn(until=400)
+    t = make_trainer(cfg)
+    try:
+        start = t.save(str(tmp_path / "start"))
+        t.learn(until=400)
+        assert len(t.replay) > 0
+        t.load(start)
+        assert len(t.replay) == 0 and t.global_step == 0
+        t.learn(until=400)
+        assert t.parameters_sha256() == fresh.parameters_sha256() and len(t.replay) == len(fresh.replay)
+    finally:
+        t.close()
+        fresh.close()
+
+
 def test_corrupt_replay_file_is_refused(tmp_path):
     from scalebox_ms.errors import CheckpointError
 

@@ -193,6 +193,13 @@ class ReplayBuffer(nn.Cell):
         out["_size"] = np.asarray(len(self))
         return out
 
+    def clear(self) -> None:
+        """Empty the buffer (size and ring position 0; the rows are left as they are: nothing samples them)."""
+        from ..ops import AssignParameters
+
+        zero = Tensor(np.asarray(0, np.int32))
+        AssignParameters([self.position, self.size]).write([zero, zero])
+
     def load_state_dict(self, state: Dict[str, np.ndarray]) -> None:
         from ..ops import AssignParameters
 

@@ -230,7 +230,7 @@ class Trainer:
         return None
 
     def _restore_replay(self, arrays) -> None:
-        pass
+        """The checkpoint's replay buffer contents (None: none saved or read)."""
 
     def save(self, prefix: str) -> str:
         """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path."""

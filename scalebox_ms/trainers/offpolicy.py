@@ -442,7 +442,11 @@ class OffPolicyTrainer(Trainer):
                              "it)")
 
     def _restore_replay(self, arrays) -> None:
-        self.replay.load_state_dict(arrays)
+        """The checkpoint's replay contents, or (None) an empty buffer."""
+        if arrays is not None:
+            self.replay.load_state_dict(arrays)
+        elif self._replay_rows or len(self.replay):
+            self.replay.clear()
         self._replay_rows = len(self.replay)
 
     def _replay_state(self):

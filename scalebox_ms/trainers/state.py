@@ -173,6 +173,8 @@ def load(trainer, path: str, replay: bool = True):
     trainer._restore_extra(sc)
     if ck.get("replay") is not None:
         trainer._restore_replay(ck["replay"])
+    else:  # (not saved, or not read: empty, whatever this trainer collected before)
+        trainer._restore_replay(None)
     if c.obs_normalizer is not None and sc.get("obs_normalizer"):
         c.obs_normalizer.load_state_dict(sc["obs_normalizer"])
     if c.reward_scaler is not None and sc.get("reward_scaler"):
@@ -199,7 +201,9 @@ def load(trainer, path: str, replay: bool = True):
         from ..envs import state as env_state
 
         c.restore_inflight(env_state.restore(c.env, ck["env"]), inflight)
-    elif inflight is not None:
+    elif inflight is None:  # saved before any env step: this trainer's own episodes, if any, are not the checkpoint's
+        c.obs = None  # (learn's first reset, seeded from the run's seed and the step, as for the checkpointed trainer)
+    else:
         # env could not be pickled: start fresh episodes, seeded from (seed, step) so resume stays deterministic;
         # the statistics stay the checkpoint's (evaluate and export load it: they must normalise as it says)
         c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
