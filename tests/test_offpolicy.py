@@ -371,6 +371,39 @@ def test_loading_into_a_trainer_that_trained_on_restarts_from_the_checkpoint(tmp
         fresh.close()
 
 
+def test_save_after_learn_was_interrupted_mid_phase_is_refused_in_one_line(tmp_path):
+    """A KeyboardInterrupt inside a training phase (Ctrl-C in one's own script) left global_step between phase
+    boundaries: save wrote a checkpoint that load then refused ("global_step 53 does not fit iteration 0").
+    save now says so at once; loading a checkpoint makes the trainer savable again."""
+    from scalebox_ms.errors import CheckpointError
+    from scalebox_ms.trainers import make_trainer
+
+    t = make_trainer(dqn_config())
+    try:
+        t.learn(until=64)
+        good = t.save(str(tmp_path / "good"))
+        real, calls = t.collector.step_env, []
+
+        def ctrl_c_on_the_fifth(*args):
+            calls.append(1)
+            if len(calls) == 5:
+                raise KeyboardInterrupt
+            return real(*args)
+
+        t.collector.step_env = ctrl_c_on_the_fifth
+        with pytest.raises(KeyboardInterrupt):
+            t.learn(until=400)
+        t.collector.step_env = real
+        with pytest.raises(CheckpointError, match=r"^save: learn\(\) of this DQNTrainer was interrupted inside an "
+                                                  r"iteration \(at step 72\)"):
+            t.save(str(tmp_path / "torn"))
+        assert not list(tmp_path.glob("torn*"))
+        t.load(good)
+        assert t.save(str(tmp_path / "again")) and t.global_step == 64
+    finally:
+        t.close()
+
+
 def test_corrupt_replay_file_is_refused(tmp_path):
     from scalebox_ms.errors import CheckpointError
 

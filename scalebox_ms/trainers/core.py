@@ -91,6 +91,8 @@ class Trainer:
         self.evaluations: list = []  # EvalCallback's results while training (run.eval_every), kept in checkpoints
         self._last_metrics: dict = {}
         self._closed = False
+        #: off-policy: the step at which learn() was interrupted inside an iteration (see save)
+        self._torn_at: Optional[int] = None
         # stochastic predict(): its own stream of the run's seed (never the training stream)
         self._predict_rng = np.random.Generator(np.random.PCG64([self.config.run.seed, 1]))
 
@@ -233,8 +235,18 @@ class Trainer:
         """The checkpoint's replay buffer contents (None: none saved or read)."""
 
     def save(self, prefix: str) -> str:
-        """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path."""
+        """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path. Off-policy: refused
+        (one-line :class:`CheckpointError`) after ``learn`` was interrupted inside an iteration, where the cut
+        training phase's transitions are lost and the counters lie between phase boundaries."""
         from .state import save
+
+        if self._torn_at is not None:
+            from ..errors import CheckpointError
+
+            raise CheckpointError(f"save: learn() of this {type(self).__name__} was interrupted inside an iteration "
+                                  f"(at step {self._torn_at}), between training-phase boundaries: its state cannot be "
+                                  "checkpointed; load the last checkpoint, or stop learn() at a boundary (until=, a "
+                                  "Callback returning False, the CLI's Ctrl-C)")
 
         return save(self, prefix)
 

@@ -40,6 +40,7 @@ from ..sandbox import Sandbox
 from . import checkpoint
 from .core import Callback, Trainer, _stops
 from .kernels import select_conv_backend, select_conv_kernel, select_optimizer_kernel
+from .offpolicy_collect import collect_phase
 from .offpolicy_graph import NONFINITE_LIMIT, DeployActor, NativeCycle, PolicyCall, TrainingPhase
 
 
@@ -225,7 +226,13 @@ class OffPolicyTrainer(Trainer):
         (``train_freq x num_envs`` env steps; the last iteration is cut short)."""
         stop_at, callbacks = self._start_learning(total_steps, until, callbacks)
         while self.global_step < stop_at:
-            metrics = self._iteration(stop_at)
+            before = self.global_step
+            try:
+                metrics = self._iteration(stop_at)
+            except BaseException:  # (Ctrl-C in your own script, an env's error: mid-iteration, see Trainer.save)
+                if self.global_step != before:
+                    self._torn_at = self.global_step
+                raise
             stop = False
             for cb in callbacks:
                 if _stops(cb.on_iteration_end(self, metrics)):
@@ -245,8 +252,7 @@ class OffPolicyTrainer(Trainer):
         if stop_at is not None:
             phases = max(1, min(phases, -(-(int(stop_at) - self.global_step) // self.phase_rows)))
         T, obs_shape = self._phase_steps, self.spec.obs_shape
-        obs_dtype = np.uint8 if self.spec.image else np.float32
-        act_shape, act_dtype = self._replay_action_spec()
+        act_shape = self._replay_action_spec()[0]
         clock = time.perf_counter
         t_iter = clock()
         t_env = t_act = t_update = 0.0
@@ -266,36 +272,10 @@ class OffPolicyTrainer(Trainer):
                 grad_steps += n_grad
                 self._check_nonfinite(acc, n_grad)
                 continue
-            obs_b = np.zeros((T, N) + obs_shape, obs_dtype)
-            next_b = np.zeros((T, N) + obs_shape, obs_dtype)
-            act_b = np.zeros((T, N) + act_shape, act_dtype)
-            rew_b = np.zeros((T, N), np.float32)
-            term_b = np.zeros((T, N), np.float32)
-            valid_b = np.zeros((T, N), np.int32)
             steps_before = self.global_step
-            for t in range(T):
-                t0 = clock()
-                if self.global_step < o.learning_starts:
-                    self._pending = None
-                    buf_a, env_a = self._random_actions(rng, N)
-                else:
-                    buf_a, env_a = self._explore(self._policy, rng, N)
-                t1 = clock()
-                raw, reward, terminated, truncated, info = c.step_env(env_a, self.global_step)
-                t_env += clock() - t1
-                t_act += t1 - t0
-                c._check_finite(raw, reward, self.global_step)
-                valid = c.valid
-                reward = np.asarray(reward, np.float64)
-                terminated = np.asarray(terminated, bool) & valid
-                done = terminated | (np.asarray(truncated, bool) & valid)
-                c._account_step(reward, done, valid, info)
-                obs_b[t], next_b[t], act_b[t] = c.raw_obs, raw, buf_a
-                rew_b[t], term_b[t], valid_b[t] = reward, terminated, valid
-                c.raw_obs = raw
-                c.obs = c.normalize_obs(raw, update=True)
-                c.valid = ~done
-                self.global_step += N
+            (obs_b, act_b, rew_b, next_b, term_b, valid_b), dt_act, dt_env = collect_phase(self, rng, clock)
+            t_act += dt_act
+            t_env += dt_env
             # the training phase: replay add + gradient steps + the policy output for the next observation
             t0 = clock()
             self._replay_rows = min(self._replay_rows + int(valid_b.sum()), o.buffer_size)
@@ -429,6 +409,7 @@ class OffPolicyTrainer(Trainer):
                 "replay_saved": bool(self.config.run.save_replay)}
 
     def _restore_extra(self, sc: dict) -> None:
+        self._torn_at = None  # (a checkpoint's state: whole phases)
         self.n_updates = int(sc.get("n_updates", 0))
         if sc.get("raw_obs") is not None:
             self.collector.raw_obs = np.asarray(sc["raw_obs"], np.uint8 if self.spec.image else np.float32)
