@@ -268,7 +268,12 @@ class Trainer:
             cfg = Config.from_dict(sc["config"])
         except (ConfigError, KeyError) as exc:
             raise CheckpointError(f"checkpoint {path}: its config is invalid ({exc})") from None
-        return cls(cfg, sandbox=sandbox).load(path)
+        trainer = cls(cfg, sandbox=sandbox)
+        try:
+            return trainer.load(path)
+        except BaseException:  # (its envs, isolated worker processes included, go with it)
+            trainer.close()
+            raise
 
     def close(self) -> None:
         self._closed = True
