@@ -392,3 +392,16 @@ def test_a_run_without_a_checkpoints_directory_is_named_as_such(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(CheckpointError, match=r"^no checkpoint found in .*checkpoints$"):
         load_into(None, None, str(tmp_path))
+
+
+def test_from_checkpoint_closes_the_trainer_it_built_when_the_load_fails(tmp_path, small_cfg, monkeypatch):
+    tr = PPOTrainer(small_cfg)
+    path = tr.save(str(tmp_path / "a"))
+    tr.close()
+    closed = []
+    monkeypatch.setattr(PPOTrainer, "close", lambda self: closed.append(self))
+    monkeypatch.setattr(PPOTrainer, "load", lambda self, path, replay=True: (_ for _ in ()).throw(
+        CheckpointError("mismatched")))
+    with pytest.raises(CheckpointError, match="mismatched"):
+        PPOTrainer.from_checkpoint(path)
+    assert len(closed) == 1  # (its envs: with env isolation, worker processes)
