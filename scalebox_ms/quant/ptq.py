@@ -295,4 +295,6 @@ def collect_calibration_data(trainer, steps: int, seed: int = 12_345) -> np.ndar
             obs, *_ = env.step(trainer.predict(obs, deterministic=True))
         return np.concatenate(seen, axis=0)[:steps]
     finally:
-        env.close()
+        from ..trainers.collector import close_env
+
+        close_env(env, cfg.id)

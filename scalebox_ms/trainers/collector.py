@@ -13,6 +13,7 @@ All random numbers (sampling noise; the native envs' reset noise comes from the 
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from typing import Optional
 
@@ -163,16 +164,20 @@ class RolloutCollector:
                              f"it{hint})")
 
     def _check_finite(self, raw_obs, reward, step: int) -> None:
+        big = float(np.finfo(np.float32).max)  # (a reward beyond it is inf once cast to float32 for the update)
         for what, value in (("observation", raw_obs), ("reward", reward)):
-            if value is None or np.isfinite(value).all():  # the common case: no copy
-                continue
+            if value is None or (np.isfinite(value).all() and (what != "reward" or (np.abs(value) <= big).all())):
+                continue  # (the common case: no copy)
             arr = np.asarray(value, np.float64).reshape(self.num_envs, -1)
-            bad = ~np.isfinite(arr).all(axis=1)
+            ok = np.isfinite(arr) & (np.abs(arr) <= big) if what == "reward" else np.isfinite(arr)
+            bad = ~ok.all(axis=1)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                raise TrainingError(f"env {self.env_id!r} returned a non-finite {what} ({arr[i][~np.isfinite(arr[i])][0]}) "
-                                    f"at env index {self.rank * self.num_envs + i}, step {step}; the run stops "
-                                    f"before the update sees it")
+                v = arr[i][~ok[i]][0]
+                kind = f"a non-finite {what}" if not np.isfinite(v) else f"a {what} beyond float32's range"
+                raise TrainingError(f"env {self.env_id!r} returned {kind} ({v}) at env index "
+                                    f"{self.rank * self.num_envs + i}, step {step}; the run stops before the update "
+                                    f"sees it")
 
     def reset(self, seed: Optional[int], step: int = 0, update_statistics: bool = True) -> None:
         """Reset every env (seeded); the first observations update the normalisation statistics unless
@@ -321,4 +326,14 @@ class RolloutCollector:
         self.ep_length = np.asarray(inflight["ep_length"], np.int64)
 
     def close(self) -> None:
-        self.env.close()
+        close_env(self.env, self.env_id)
+
+
+def close_env(env, env_id: str) -> None:
+    """``env.close()``; an env whose close() raises is logged, not raised: the work is done by then (and an error
+    that stopped it must not be replaced by this one)."""
+    try:
+        env.close()
+    except Exception as exc:
+        logging.getLogger("scalebox_ms").warning("env %r: close() raised %s: %s", env_id, type(exc).__name__,
+                                                 first_line(exc))

@@ -136,7 +136,9 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
             result.env_events = list(events)
         raise EvaluationError(f"evaluation of {env_id!r}: {str(exc).splitlines()[0]}", result) from None
     finally:
-        env.close()
+        from .collector import close_env
+
+        close_env(env, env_id)
 
 
 def _env_call(fn, env_id: str, result: Returns, episodes: int, *args, **kwargs):
