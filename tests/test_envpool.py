@@ -78,6 +78,16 @@ def test_atari_ram_observations_are_refused_by_envpool():
         make_vec_env("ALE/Breakout-v5", 2, {"obs_type": "ram"}, backend="envpool", preprocess="auto")
 
 
+@pytest.mark.parametrize("key, value", [("batch_size", 2), ("task", "breakout"), ("max_num_players", 2)])
+def test_pool_settings_in_env_kwargs_are_refused(key, value):
+    """batch_size 2 of 4 envs made EnvPool asynchronous (steps of 2 envs, a MindSpore shape error later); task
+    trained another game under env.id's name."""
+    from scalebox_ms.envs import make_vec_env
+
+    with pytest.raises(ConfigError, match=rf"^env.kwargs.{key}: an EnvPool pool setting, not an env option"):
+        make_vec_env("CartPole-v1", 4, {key: value}, backend="envpool", preprocess="auto")
+
+
 def test_without_the_extra_the_error_names_it(monkeypatch):
     from scalebox_ms.envs import make_vec_env
 

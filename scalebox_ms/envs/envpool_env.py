@@ -50,6 +50,11 @@ ATARI_TRAINING = {"noop_max": 30, "frame_skip": 4, "img_height": 84, "img_width"
                   "use_inter_area_resize": True, "episodic_life": True, "reward_clip": True, "stack_num": 4,
                   "use_fire_reset": True, "repeat_action_probability": 0.25, "max_episode_steps": 27_000}
 
+#: EnvPool's pool settings (``envpool.make``), not env options: scalebox_ms sets the pool (num_envs = env.num_envs,
+#: batch_size = num_envs: synchronous; the task from env.id); given in env.kwargs they changed what was trained
+POOL_KEYS = ("batch_size", "max_num_players", "num_envs", "num_threads", "seed", "task", "task_id",
+             "thread_affinity_offset", "env_type")
+
 
 def pool_id(env_id: str) -> str:
     """EnvPool's id of ``env_id``: ale-py's ``ALE/Breakout-v5`` is EnvPool's ``Breakout-v5``."""
@@ -99,6 +104,10 @@ class EnvPoolVectorEnv:
         if ale and not self.atari:
             raise ConfigError(f"env.preprocess: none with env.backend envpool: EnvPool's Atari envs always "
                               f"preprocess ({short_repr(env_id)}); use auto (or backend gymnasium for raw frames)")
+        pool = sorted(set(self.kwargs) & set(POOL_KEYS))
+        if pool:  # (batch_size < num_envs made EnvPool asynchronous: steps of a part of the envs, a shape error later)
+            raise ConfigError(f"env.kwargs.{pool[0]}: an EnvPool pool setting, not an env option; scalebox_ms sets "
+                              "the pool itself (num_envs: env.num_envs, synchronous, the task: env.id)")
         clash = sorted(set(self.kwargs) & set(ATARI_TRAINING)) if self.atari else []
         if clash:  # evaluation passes env.kwargs to gymnasium's ALE env, which has no such options
             raise ConfigError(f"env.kwargs.{clash[0]}: EnvPool's Atari preprocessing is fixed to the gymnasium "
