@@ -141,6 +141,17 @@ def backend_check(name: str, timeout: float = 180) -> Dict[str, str]:
     return _check(f"backend:{name}", "ok", f"jit forward + gradient match numpy ({res['seconds']:.1f} s incl. compile)")
 
 
+def _import_error(module: str) -> Optional[str]:
+    """None if ``module`` imports, else the error's type and first line."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+    return None
+
+
 def available_backends() -> List[str]:
     import mindspore as ms
 
@@ -212,12 +223,18 @@ def diagnose() -> Dict:
     if ms_version is None:
         checks.append(_check("mindspore", "fail", "not installed: pip install mindspore==2.10.0"))
         return {"usable": False, "checks": checks}
+    broken = _import_error("mindspore")  # (installed is not importable: a missing library, a broken wheel)
+    if broken:
+        checks.append(_check("mindspore", "fail", f"{ms_version} is installed but its import fails: {broken}"))
+        return {"usable": False, "checks": checks}
     checks.append(_check("mindspore", "ok", ms_version))
     import numpy
 
     checks.append(numpy_check(numpy.__version__, ms_version))
     gym = _version("gymnasium")
-    checks.append(_check("gymnasium", "ok" if gym else "fail", gym or "not installed"))
+    broken = _import_error("gymnasium") if gym else None
+    checks.append(_check("gymnasium", "fail" if broken or not gym else "ok",
+                         f"{gym} is installed but its import fails: {broken}" if broken else gym or "not installed"))
     try:
         usable_cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux

@@ -65,3 +65,24 @@ def test_the_openblas_core_is_read_from_the_loaded_library(core):
     env = {**os.environ, "OPENBLAS_CORETYPE": core}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == core
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("module", ["mindspore", "gymnasium"])
+def test_an_installed_package_whose_import_fails_is_a_failure(tmp_path, module):
+    """doctor read the packages' metadata only: a broken gymnasium was '[ok]' and 'usable' while train died on its
+    import, and a broken mindspore made doctor itself end in a traceback."""
+    shadow = tmp_path / module
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text('raise ImportError("libfoo.so: cannot open shared object file")\n')
+    from conftest import REPO
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+    r = subprocess.run([sys.executable, "-m", "scalebox_ms.doctor", "--json"], capture_output=True, text=True,
+                       env=env, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 1, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    check = next(c for c in report["checks"] if c["name"] == module)
+    assert report["usable"] is False and check["status"] == "fail"
+    assert check["detail"].endswith("is installed but its import fails: ImportError: libfoo.so: cannot open shared "
+                                    "object file")
