@@ -92,10 +92,16 @@ def _choices(section: str, obj) -> None:
             raise ConfigError(f"{section}.{key}: {short_repr(getattr(obj, key))} is not one of {', '.join(choices)}")
 
 
+#: the most envs a run may step: the memory check of the rollout/replay comes after the envs are built, and
+#: 1e9 of them took the host's memory first (per-env Python objects and seeds: ~240 bytes each), killing the process
+MAX_NUM_ENVS = 2**20
+
+
 def _check_env(e: EnvConfig) -> None:
     _choices("env", e)
     _check(e.id.strip() != "", "env.id", "must not be empty")
-    _check(e.num_envs >= 1, "env.num_envs", f"must be >= 1, got {short_repr(e.num_envs)}")
+    _check(1 <= e.num_envs <= MAX_NUM_ENVS, "env.num_envs",
+           f"must be in [1, {MAX_NUM_ENVS:,}], got {short_repr(e.num_envs)}")
     _check(e.clip_obs > 0, "env.clip_obs", f"must be > 0, got {short_repr(e.clip_obs)}")
     _check(e.clip_reward > 0, "env.clip_reward", f"must be > 0, got {short_repr(e.clip_reward)}")
 

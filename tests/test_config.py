@@ -46,6 +46,8 @@ def test_integer_written_as_float_is_accepted():
     ({"ppo": {"lr_schedule": "cosine"}}, "ppo.lr_schedule: 'cosine' is not one of constant, linear"),
     ({"ppo": {"batch_size": 100}}, "ppo.batch_size: (100) must divide"),
     ({"ppo": {"min_batch": -5}}, "ppo.min_batch: must be >= 1, got -5"),  # (with a fixed batch_size too)
+    ({"env": {"num_envs": 10**9}}, "env.num_envs: must be in [1, 1,048,576], got 1000000000"),  # (was OOM-killed)
+    ({"env": {"num_envs": 0}}, "env.num_envs: must be in [1, 1,048,576], got 0"),
     ({"ppo": {"max_batch": 8}}, "ppo.max_batch: (8) must be >= ppo.min_batch (64)"),
     ({"env": {"normalize_obs": "yes"}}, "env.normalize_obs: expected true/false"),
     ({"policy": {"pi_layers": [64, 0]}}, "policy.pi_layers: layer sizes must be >= 1"),
