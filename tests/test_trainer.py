@@ -405,3 +405,19 @@ def test_from_checkpoint_closes_the_trainer_it_built_when_the_load_fails(tmp_pat
     with pytest.raises(CheckpointError, match="mismatched"):
         PPOTrainer.from_checkpoint(path)
     assert len(closed) == 1  # (its envs: with env isolation, worker processes)
+
+
+def test_a_trainer_refused_after_its_envs_were_built_closes_them(monkeypatch):
+    """(the memory check comes after the envs: with env isolation their worker processes outlived the error)"""
+    from scalebox_ms.trainers import make_trainer
+    from scalebox_ms.trainers.collector import RolloutCollector
+
+    closed = []
+    real = RolloutCollector.close
+    monkeypatch.setattr(RolloutCollector, "close", lambda self: (closed.append(self), real(self)))
+    with pytest.raises(ConfigError, match=r"^ppo\.n_steps: "):
+        PPOTrainer(small_config(ppo={"n_steps": 10**12, "batch_size": 64}))
+    assert len(closed) == 1
+    with pytest.raises(ConfigError, match=r"^sac\.buffer_size: "):
+        make_trainer({"algo": "sac", "env": {"id": "Pendulum-v1", "num_envs": 1}, "sac": {"buffer_size": 10**12}})
+    assert len(closed) == 2

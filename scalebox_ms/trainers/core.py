@@ -295,3 +295,21 @@ def _stops(answer) -> bool:
     """Whether a callback's ``on_iteration_end`` answer stops training: False, numpy's False_ included (``return
     np.mean(returns) < 475``); None, True and anything else go on."""
     return isinstance(answer, (bool, np.bool_)) and not answer
+
+
+def closes_envs_on_error(init):
+    """For a trainer's ``__init__``: a failure after its envs are built (a refusal, the memory check) closes
+    them before it propagates (isolated env workers outlived the error)."""
+    import functools
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except BaseException:
+            collector = self.__dict__.get("collector")
+            if collector is not None:
+                collector.close()
+            raise
+
+    return wrapper

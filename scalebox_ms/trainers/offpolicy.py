@@ -38,7 +38,7 @@ from ..config_offpolicy import space_refusal
 from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
 from . import checkpoint
-from .core import Callback, Trainer, _stops
+from .core import Callback, Trainer, _stops, closes_envs_on_error
 from .kernels import select_conv_backend, select_conv_kernel, select_optimizer_kernel
 from .offpolicy_collect import collect_phase
 from .offpolicy_graph import NONFINITE_LIMIT, DeployActor, NativeCycle, PolicyCall, TrainingPhase
@@ -63,6 +63,7 @@ class OffPolicyTrainer(Trainer):
     #: one training-phase call each (same replay contents; False: the per-phase calls, the reference in the tests)
     warmup_batching = True
 
+    @closes_envs_on_error
     def __init__(self, config: Union[Config, dict, None] = None, sandbox: Optional[Sandbox] = None, **overrides):
         super().__init__(config, sandbox, overrides)
         from ..buffers import ReplayBuffer
@@ -88,7 +89,6 @@ class OffPolicyTrainer(Trainer):
         if spec.cnn and self.amp is not None:
             refusal = "amp.level: image observations (NatureCNN) train in float32 only for now"
         if refusal:  # (before the replay buffer is allocated)
-            c.close()
             raise ConfigError(refusal)
         N = c.num_envs
         self.phase_rows = o.train_freq * N

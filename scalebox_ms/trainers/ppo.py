@@ -26,7 +26,7 @@ import numpy as np
 from ..config import Config, micro_batches
 from ..errors import ConfigError
 from ..sandbox import Sandbox
-from .core import Callback, Trainer, _stops
+from .core import Callback, Trainer, _stops, closes_envs_on_error
 
 __all__ = ["Callback", "PPOTrainer", "schedule_value"]
 
@@ -53,6 +53,7 @@ class PPOTrainer(Trainer):
 
     algo = "ppo"
 
+    @closes_envs_on_error
     def __init__(self, config: Union[Config, dict, None] = None, sandbox: Optional[Sandbox] = None, **ppo):
         # keyword overrides of the ppo section, e.g. PPOTrainer(cfg, batch_size="auto", max_batch=512)
         super().__init__(config, sandbox, ppo)
@@ -94,7 +95,6 @@ class PPOTrainer(Trainer):
             reducer = moments_reducer(self.dist)
         self._make_collector(n_local, rank=self.dist.rank, reducer=reducer)
         if self.spec.cnn and (self.amp is not None or W > 1):
-            self.collector.close()
             raise ConfigError(f"{'amp.level' if self.amp is not None else 'parallel.workers'}: image observations "
                               "(NatureCNN) train in float32 in one process only for now")
         width = self.spec.action_width
