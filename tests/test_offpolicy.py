@@ -384,18 +384,20 @@ def test_save_after_learn_was_interrupted_mid_phase_is_refused_in_one_line(tmp_p
         good = t.save(str(tmp_path / "good"))
         real, calls = t.collector.step_env, []
 
-        def ctrl_c_on_the_fifth(*args):
+        def ctrl_c_after_the_first(*args):  # (the envs moved, the step counter not yet)
             calls.append(1)
-            if len(calls) == 5:
+            out = real(*args)
+            if len(calls) == 1:
                 raise KeyboardInterrupt
-            return real(*args)
+            return out
 
-        t.collector.step_env = ctrl_c_on_the_fifth
+        t.collector.step_env = ctrl_c_after_the_first
         with pytest.raises(KeyboardInterrupt):
             t.learn(until=400)
         t.collector.step_env = real
+        assert t.global_step == 64
         with pytest.raises(CheckpointError, match=r"^save: learn\(\) of this DQNTrainer was interrupted inside an "
-                                                  r"iteration \(at step 72\)"):
+                                                  r"iteration \(after step 64\)"):
             t.save(str(tmp_path / "torn"))
         assert not list(tmp_path.glob("torn*"))
         t.load(good)

@@ -48,7 +48,7 @@ class RolloutCollector:
         try:
             self.spec = space_spec(self.env.single_observation_space, self.env.single_action_space, e.id, features)
         except Exception:
-            self.env.close()
+            close_env(self.env, e.id)
             raise
         #: gymnasium observations -> flat float32 vectors (one-hot Discrete parts, Dict/Tuple side by side), or
         #: uint8 (C, H, W) images
@@ -166,10 +166,11 @@ class RolloutCollector:
     def _check_finite(self, raw_obs, reward, step: int) -> None:
         big = float(np.finfo(np.float32).max)  # (a reward beyond it is inf once cast to float32 for the update)
         for what, value in (("observation", raw_obs), ("reward", reward)):
-            if value is None or (np.isfinite(value).all() and (what != "reward" or (np.abs(value) <= big).all())):
+            ranged = what == "reward" and self.reward_scaler is None  # (scaled in float64 first: it fits then)
+            if value is None or (np.isfinite(value).all() and (not ranged or (np.abs(value) <= big).all())):
                 continue  # (the common case: no copy)
             arr = np.asarray(value, np.float64).reshape(self.num_envs, -1)
-            ok = np.isfinite(arr) & (np.abs(arr) <= big) if what == "reward" else np.isfinite(arr)
+            ok = np.isfinite(arr) & (np.abs(arr) <= big) if ranged else np.isfinite(arr)
             bad = ~ok.all(axis=1)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])

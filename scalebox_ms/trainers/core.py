@@ -196,7 +196,7 @@ class Trainer:
                 got = repr(rng) if isinstance(rng, (int, np.integer)) else type(rng).__name__
                 raise TypeError(f"predict: rng must be a numpy.random.Generator, an int seed >= 0 or None, got {got}")
             rng = np.random.default_rng(int(rng))
-        elif isinstance(rng, np.random.RandomState):  # (the algorithms draw with Generator methods)
+        elif isinstance(rng, np.random.RandomState) and not deterministic:  # (drawn with Generator methods)
             rng = np.random.default_rng(rng.randint(0, 2**63, dtype=np.int64))
         obs, single = self._as_batch(obs, "predict")
         from ..envs.obs_encoding import check_finite
@@ -244,7 +244,7 @@ class Trainer:
             from ..errors import CheckpointError
 
             raise CheckpointError(f"save: learn() of this {type(self).__name__} was interrupted inside an iteration "
-                                  f"(at step {self._torn_at}), between training-phase boundaries: its state cannot be "
+                                  f"(after step {self._torn_at}), between training-phase boundaries: its state cannot be "
                                   "checkpointed; load the last checkpoint, or stop learn() at a boundary (until=, a "
                                   "Callback returning False, the CLI's Ctrl-C)")
 

@@ -76,8 +76,8 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
 
     if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
         raise ValueError(f"episodes: must be an integer >= 1, got {episodes!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed: must be an integer in [0, 2**32), got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
     if isinstance(max_envs, bool) or not isinstance(max_envs, (int, np.integer)) or max_envs < 1:
         raise ValueError(f"max_envs: must be an integer >= 1, got {max_envs!r}")
     limit = episodes if max_restarts is None else int(max_restarts)
@@ -169,7 +169,9 @@ def check_evaluation_env(trainer) -> None:
     except ConfigError as exc:
         raise ConfigError(f"env.backend: {cfg.backend} trains on its own envs but evaluation plays gymnasium's, "
                           f"and gymnasium cannot: {exc} (or set run.eval_episodes=0 and run.eval_every=0)") from None
-    env.close()
+    from .collector import close_env
+
+    close_env(env, cfg.id)
 
 
 def _without_caller(message: str) -> str:
@@ -188,8 +190,8 @@ def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, determinist
     import numpy as np
 
     cfg = trainer.config.env
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed: must be an integer in [0, 2**32), got {seed!r}")  # (before PCG64 sees it)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")  # (before PCG64 sees it)
     rng = None if deterministic else np.random.Generator(np.random.PCG64([seed, 2]))
     return run_episodes(cfg.id, cfg.kwargs, lambda obs: trainer.predict(obs, deterministic=deterministic, rng=rng),
                         episodes, seed, max_envs, max_restarts=max_restarts, should_stop=should_stop,

@@ -226,13 +226,13 @@ class OffPolicyTrainer(Trainer):
         (``train_freq x num_envs`` env steps; the last iteration is cut short)."""
         stop_at, callbacks = self._start_learning(total_steps, until, callbacks)
         while self.global_step < stop_at:
-            before = self.global_step
-            try:
-                metrics = self._iteration(stop_at)
-            except BaseException:  # (Ctrl-C in your own script, an env's error: mid-iteration, see Trainer.save)
-                if self.global_step != before:
-                    self._torn_at = self.global_step
-                raise
+            # (an exception out of the iteration, Ctrl-C in your own script or an env's error, leaves it cut: the
+            # envs and the training stream may have moved before the counters did; see Trainer.save)
+            self._torn_at = self.global_step
+            metrics = self._iteration(stop_at)
+            self._torn_at = None
+            if hasattr(self.sandbox, "check_memory"):
+                self.sandbox.check_memory()
             stop = False
             for cb in callbacks:
                 if _stops(cb.on_iteration_end(self, metrics)):
@@ -349,8 +349,6 @@ class OffPolicyTrainer(Trainer):
         if getattr(c.env, "events", None) is not None:
             metrics["env_restarts"] = len(c.env.events)
         self._last_metrics = metrics
-        if hasattr(self.sandbox, "check_memory"):
-            self.sandbox.check_memory()
         return metrics
 
     def _flush_warmup(self, warmup: list, rows: int) -> None:

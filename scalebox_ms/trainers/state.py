@@ -81,6 +81,7 @@ def save(trainer, prefix: str) -> str:
     for ext in (".json", ".ckpt"):  # (the name of one of its files: the prefix load then finds)
         if prefix.endswith(ext) and len(os.path.basename(prefix)) > len(ext):
             prefix = prefix[: -len(ext)]
+            break  # (one, as resolve_checkpoint strips one)
 
     c = trainer.collector
     # stored in the logical (nn.Dense) layout whatever policy.layer/align: FusedDense padding is not saved, and
