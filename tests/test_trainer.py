@@ -421,3 +421,23 @@ def test_a_trainer_refused_after_its_envs_were_built_closes_them(monkeypatch):
     with pytest.raises(ConfigError, match=r"^sac\.buffer_size: "):
         make_trainer({"algo": "sac", "env": {"id": "Pendulum-v1", "num_envs": 1}, "sac": {"buffer_size": 10**12}})
     assert len(closed) == 2
+
+
+def test_save_after_an_update_was_interrupted_is_refused(tmp_path, small_cfg):
+    """A KeyboardInterrupt out of the update left parameters updated (or half) under the old step counter, which save
+    wrote as a checkpoint. A complete iteration after it makes the trainer savable again."""
+    tr = PPOTrainer(small_cfg)
+    try:
+        tr.learn(until=64)
+        real = tr.runner.run
+        tr.runner.run = lambda *args: (_ for _ in ()).throw(KeyboardInterrupt)
+        with pytest.raises(KeyboardInterrupt):
+            tr.learn(until=128)
+        tr.runner.run = real
+        with pytest.raises(CheckpointError, match=r"^save: learn\(\) of this PPOTrainer was interrupted inside an "
+                                                  r"iteration \(after step 64\), its state partly updated"):
+            tr.save(str(tmp_path / "torn"))
+        tr.learn(until=128)  # (a complete iteration: savable again)
+        assert tr.global_step == 128 and tr.save(str(tmp_path / "ok"))
+    finally:
+        tr.close()

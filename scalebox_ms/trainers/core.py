@@ -235,17 +235,18 @@ class Trainer:
         """The checkpoint's replay buffer contents (None: none saved or read)."""
 
     def save(self, prefix: str) -> str:
-        """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path. Off-policy: refused
-        (one-line :class:`CheckpointError`) after ``learn`` was interrupted inside an iteration, where the cut
-        training phase's transitions are lost and the counters lie between phase boundaries."""
+        """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path. Refused (one-line
+        :class:`CheckpointError`) after ``learn`` was interrupted where the trainer's state is partly updated: PPO
+        inside its update (parameters without their counters), DQN/SAC/TD3 anywhere inside an iteration (the cut
+        phase's transitions are lost, the counters lie between phase boundaries)."""
         from .state import save
 
         if self._torn_at is not None:
             from ..errors import CheckpointError
 
             raise CheckpointError(f"save: learn() of this {type(self).__name__} was interrupted inside an iteration "
-                                  f"(after step {self._torn_at}), between training-phase boundaries: its state cannot be "
-                                  "checkpointed; load the last checkpoint, or stop learn() at a boundary (until=, a "
+                                  f"(after step {self._torn_at}), its state partly updated: it cannot be checkpointed; "
+                                  "load the last checkpoint, or stop learn() at an iteration boundary (until=, a "
                                   "Callback returning False, the CLI's Ctrl-C)")
 
         return save(self, prefix)

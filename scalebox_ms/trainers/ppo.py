@@ -193,6 +193,7 @@ class PPOTrainer(Trainer):
             t_rollout = time.perf_counter() - t0
 
             t0 = time.perf_counter()
+            self._torn_at = self.global_step  # (an exception in the update: parameters without their counters)
             stats = self.runner.run(storage.flat(advantages, returns), lr, clip, clip_vf, kl_limit, self.global_step)
             t_update = time.perf_counter() - t0
             t_comm = (min(t_update, self.runner.comm_time(self.dist, stats["minibatch_steps"]))
@@ -201,6 +202,7 @@ class PPOTrainer(Trainer):
             steps = p.n_steps * self.config.env.num_envs  # all ranks' env steps
             self.global_step += steps
             self.iteration += 1
+            self._torn_at = None
             dt = time.perf_counter() - t_iter
             self.wall_time_s += dt
             valid = storage.valid
