@@ -441,3 +441,22 @@ def test_save_after_an_update_was_interrupted_is_refused(tmp_path, small_cfg):
         assert tr.global_step == 128 and tr.save(str(tmp_path / "ok"))
     finally:
         tr.close()
+
+
+def test_a_rank_above_0_loading_a_checkpoint_without_in_flight_state_gets_its_own_stream(tmp_path, small_cfg):
+    """(data parallel: the checkpoint's sampling stream is rank 0's; every rank drew the same noise as rank 0)"""
+    a = PPOTrainer(small_cfg)
+    path = a.save(str(tmp_path / "start"))  # (before any env step: no in-flight state)
+    b = PPOTrainer(small_cfg)
+    try:
+        b.dist.rank, b.dist.world_size = 1, 2  # (as an msrun rank 1 of 2 sees itself)
+        b.load(path)
+        assert b.collector.obs is None
+        assert b.collector.rng.bit_generator.state != a.collector.rng.bit_generator.state
+        b.dist.rank = 0
+        b.load(path)
+        assert b.collector.rng.bit_generator.state == a.collector.rng.bit_generator.state
+    finally:
+        b.dist.rank, b.dist.world_size = 0, 1
+        a.close()
+        b.close()

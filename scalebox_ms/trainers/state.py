@@ -204,6 +204,8 @@ def load(trainer, path: str, replay: bool = True):
         c.restore_inflight(env_state.restore(c.env, ck["env"]), inflight)
     elif inflight is None:  # saved before any env step: this trainer's own episodes, if any, are not the checkpoint's
         c.obs = None  # (learn's first reset, seeded from the run's seed and the step, as for the checkpointed trainer)
+        if trainer.dist.distributed and trainer.dist.rank > 0:  # (the checkpoint's stream is rank 0's)
+            c.rng = np.random.Generator(np.random.PCG64([seed, trainer.global_step]).jumped(trainer.dist.rank))
     else:
         # env could not be pickled: start fresh episodes, seeded from (seed, step) so resume stays deterministic;
         # the statistics stay the checkpoint's (evaluate and export load it: they must normalise as it says)
