@@ -28,7 +28,10 @@ def run(batch, iterations: int) -> dict:
     from scalebox_ms.trainers import Callback, PPOTrainer
 
     cfg = load_config(os.path.join(REPO, "configs", "ppo_acrobot.yaml"),
-                      ["run.progress=false", f"ppo.batch_size={batch}", "ppo.min_batch=64", "ppo.max_batch=1024"])
+                      ["run.progress=false", f"ppo.batch_size={batch}", "ppo.min_batch=64", "ppo.max_batch=1024",
+                       # every row through the compiled update (the C++ kernel takes fixed sizes only: auto's row
+                       # would compare another update path)
+                       "ppo.update_kernel=builtin"])
     rows = []
 
     class Keep(Callback):
@@ -56,6 +59,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "autobatch.json"))
     args = ap.parse_args()
+    if args.iterations < 2:  # (the first iteration compiles and probes: the medians are over the others)
+        ap.error("--iterations: must be >= 2")
     results = [run(b, args.iterations) for b in (64, 256, 1024, "auto")]
     print(f"{'batch_size':>10s} {'chosen':>6s} {'update samples/s':>17s} {'s/iteration':>12s} {'1st iteration s':>16s}")
     for r in results:

@@ -113,7 +113,10 @@ def ppo_run(variant: str, run_dir: str) -> int:
     from scalebox_ms.train import main
 
     argv = ["--config", os.path.join(REPO, "configs", "ppo_atari.yaml"), "--total-steps", "5120", "--no-progress",
-            "--set", "run.eval_episodes=0", "--run-dir", run_dir]
+            "--set", "run.eval_episodes=0", "--run-dir", run_dir,
+            # the im2col path both variants patch (auto picks oneDNN, whose first layer scales the frames itself:
+            # the channel-major patch would scale them twice)
+            "--set", "policy.conv_backend=im2col"]
     if variant == "channel_major":
         with ChannelMajor():
             return main(argv)

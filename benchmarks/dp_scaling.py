@@ -45,6 +45,9 @@ def run(workers: int, total_steps: int, sets, root: str) -> dict:
     summary = json.loads(r.stdout)
     with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
         rows = list(csv.DictReader(f))[1:]  # the first iteration compiles
+    if not rows:
+        raise SystemExit(f"{workers} worker(s): --total-steps {total_steps} is a single iteration; the medians need "
+                         "at least two")
     return {
         "workers": workers,
         "steps_per_s": statistics.median(float(x["steps_per_second"]) for x in rows),

@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--graph-kernel", action="store_true", help="also run each configuration with graph-kernel fusion")
     ap.add_argument("--worker", nargs=4, metavar=("TASK", "KERNEL", "BATCHED", "FUSION"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.calls < 3:  # (the first two calls compile and warm up: the median is over the others)
+        ap.error("--calls: must be >= 3")
     if args.worker:
         task, kernel, batched, fusion = args.worker
         print(json.dumps(worker(task, kernel, batched == "1", args.calls, args.collect, fusion == "1")))
