@@ -98,11 +98,11 @@ def sigint_held():
     try:
         yield
     except BaseException as exc:  # (an error after a Ctrl-C: the Ctrl-C is what was asked for)
-        signal.signal(signal.SIGINT, previous)
         if held:
             raise KeyboardInterrupt from exc
         raise
-    signal.signal(signal.SIGINT, previous)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if held:
         raise KeyboardInterrupt
 

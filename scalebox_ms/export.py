@@ -271,7 +271,8 @@ class MindIRPolicy:
         if inp.get("image"):
             x = batch(obs, inp["shape"][1:])
             if x.dtype != np.uint8:  # (float frames scaled to [0, 1], or values beyond a byte: garbage as uint8)
-                x = self._encoder()._pixels(x, what, self._encoder().leaves[0])
+                encoder = self._encoder()
+                x = encoder._pixels(x, what, encoder.leaves[0])
             return self.cell(ms.Tensor(x)).asnumpy()
         # (a scalar Box observation has observation_shape [], which is not "absent")
         shape = tuple(inp["observation_shape"] if "observation_shape" in inp else inp["shape"][1:])

@@ -48,9 +48,8 @@ def acting_trainer(cfg, run_dir: str, checkpoint=None):
     1e6-transition buffer would double the memory training needed just to evaluate)."""
     import copy
 
-    from .checkpoint import load_into
-
     from ..config import Config
+    from .checkpoint import load_into
 
     cfg = Config.from_dict(cfg) if isinstance(cfg, dict) else copy.deepcopy(cfg)  # (the caller's stays as it was)
     if cfg.algo != "ppo":
@@ -65,5 +64,6 @@ def acting_trainer(cfg, run_dir: str, checkpoint=None):
         raise
 
 
-__all__ = ["acting_trainer", "Callback", "DQNTrainer", "OffPolicyTrainer", "PPOConfig", "PPOTrainer", "SACTrainer", "TD3Trainer",
+__all__ = ["acting_trainer", "Callback", "DQNTrainer", "OffPolicyTrainer", "PPOConfig", "PPOTrainer", "SACTrainer",
+           "TD3Trainer",
            "Trainer", "load_trainer", "make_trainer", "schedule_value", "trainer_class"]

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import ConfigError, ScaleboxError, first_line, user_code_origin
 from ..parallel.launcher import beat
+from .collector import close_env
 
 
 class Returns(list):
@@ -76,8 +77,7 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
 
     if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes < 1:
         raise ValueError(f"episodes: must be an integer >= 1, got {episodes!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
+    _check_seed(seed)
     if isinstance(max_envs, bool) or not isinstance(max_envs, (int, np.integer)) or max_envs < 1:
         raise ValueError(f"max_envs: must be an integer >= 1, got {max_envs!r}")
     limit = episodes if max_restarts is None else int(max_restarts)
@@ -136,8 +136,6 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
             result.env_events = list(events)
         raise EvaluationError(f"evaluation of {env_id!r}: {str(exc).splitlines()[0]}", result) from None
     finally:
-        from .collector import close_env
-
         close_env(env, env_id)
 
 
@@ -169,9 +167,12 @@ def check_evaluation_env(trainer) -> None:
     except ConfigError as exc:
         raise ConfigError(f"env.backend: {cfg.backend} trains on its own envs but evaluation plays gymnasium's, "
                           f"and gymnasium cannot: {exc} (or set run.eval_episodes=0 and run.eval_every=0)") from None
-    from .collector import close_env
-
     close_env(env, cfg.id)
+
+
+def _check_seed(seed) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
 
 
 def _without_caller(message: str) -> str:
@@ -190,8 +191,7 @@ def evaluate_policy(trainer, episodes: int = 20, seed: int = 10_000, determinist
     import numpy as np
 
     cfg = trainer.config.env
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")  # (before PCG64 sees it)
+    _check_seed(seed)  # (before PCG64 sees it)
     rng = None if deterministic else np.random.Generator(np.random.PCG64([seed, 2]))
     return run_episodes(cfg.id, cfg.kwargs, lambda obs: trainer.predict(obs, deterministic=deterministic, rng=rng),
                         episodes, seed, max_envs, max_restarts=max_restarts, should_stop=should_stop,
