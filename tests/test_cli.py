@@ -153,6 +153,27 @@ def test_resume_refuses_a_checkpoint_of_another_env_count(tmp_path):
 
 
 @pytest.mark.integration
+def test_evaluate_and_export_refuse_a_config_edited_since_the_checkpoint(tmp_path):
+    """An edited policy.activation in config.yaml loaded the tanh-trained weights into a ReLU network: evaluate
+    reported another policy's return and export wrote it, both with exit 0. How the policy is computed (its
+    kernels) may still differ."""
+    run_dir = tmp_path / "run"
+    train("--total-steps", 64, "--run-dir", run_dir, "--set", "run.eval_episodes=0")
+    original = (run_dir / "config.yaml").read_text()
+    assert "activation: tanh" in original and "act_kernel: auto" in original
+    (run_dir / "config.yaml").write_text(original.replace("activation: tanh", "activation: relu"))
+    for args in (("evaluate", "--run", run_dir, "--episodes", 1), ("export", "--run", run_dir)):
+        r = run_module(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+        assert "config.yaml differs from the config ckpt_000000000064 was trained with: policy.activation=tanh " \
+               "-> relu" in r.stderr, r.stderr
+    assert not (run_dir / "policy.mindir").exists()
+    (run_dir / "config.yaml").write_text(original.replace("act_kernel: auto", "act_kernel: builtin"))
+    r = run_module("evaluate", "--run", run_dir, "--episodes", 1, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["global_step"] == 64, r.stderr[-2000:]
+
+
+@pytest.mark.integration
 def test_torn_metrics_row_is_dropped_on_resume(tmp_path):
     run_dir = tmp_path / "run"
     train("--total-steps", 256, "--until", 128, "--run-dir", run_dir, "--set", "run.eval_episodes=0")

@@ -440,6 +440,37 @@ def test_evaluate_and_export_neither_read_nor_allocate_the_replay_buffer(tmp_pat
         trainer.close()
 
 
+def test_the_acting_trainer_refuses_to_train_or_save_and_says_nothing_of_an_unsaved_replay(tmp_path, caplog):
+    """acting_trainer's DQN has a one-phase replay buffer and no optimizer kernels: learn() trained with it and save()
+    wrote a checkpoint whose config claimed a buffer_size the run never had. Loading a checkpoint written without
+    its replay warned that 'the buffer starts empty' also for evaluate/export, which never read it."""
+    import logging
+
+    from scalebox_ms.errors import ConfigError
+    from scalebox_ms.trainers import acting_trainer, make_trainer
+
+    cfg = dqn_config()
+    cfg.run.save_replay = False
+    _train_run(cfg, tmp_path / "r", until=1000)
+    with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+        trainer, prefix = acting_trainer(load_config(str(tmp_path / "r" / "config.yaml")), str(tmp_path / "r"))
+    try:
+        assert "without its replay buffer" not in caplog.text
+        for call in (lambda: trainer.learn(until=2000), lambda: trainer.save(str(tmp_path / "x"))):
+            with pytest.raises(ConfigError, match=r"^(learn|save): this DQNTrainer was built by acting_trainer"):
+                call()
+        assert trainer.global_step == int(prefix[-12:]) and not list(tmp_path.glob("x*"))
+    finally:
+        trainer.close()
+    full = make_trainer(load_config(str(tmp_path / "r" / "config.yaml")))
+    try:
+        with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+            full.load(prefix)  # a trainer that will train on: told its buffer starts empty
+        assert "checkpoint was saved without its replay buffer" in caplog.text
+    finally:
+        full.close()
+
+
 def test_cli_trains_evaluates_and_exports_sac(tmp_path, monkeypatch):
     run = tmp_path / "run"
     r = run_module("train", "--config", os.path.join(REPO, "configs", "sac_pendulum.yaml"), "--run-dir", run,

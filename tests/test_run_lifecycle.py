@@ -465,12 +465,25 @@ except KeyboardInterrupt:
     print("saved at", trainer.global_step, flush=True)
 '''
 
+# docs/python_api.md's snippet: the CLI's stop at the iteration boundary, where save always works
+STOP_ON_SIGNAL_SCRIPT = CTRL_C_SCRIPT.replace("Callback, PPOTrainer", "Callback, PPOTrainer, StopOnSignal").split(
+    "try:")[0] + '''
+with StopOnSignal(log=lambda line: print(line, file=sys.stderr)) as stop:
+    trainer.learn(callbacks=[Ready(), stop])
+assert stop.signum == 2 and trainer.global_step % 64 == 0, (stop.signum, trainer.global_step)
+trainer.save(sys.argv[1])
+print("saved at", trainer.global_step, flush=True)
+'''
 
-def test_ctrl_c_in_a_script_of_ones_own_is_a_keyboard_interrupt_with_the_routing(tmp_path):
+
+@pytest.mark.parametrize("script_text", [CTRL_C_SCRIPT, STOP_ON_SIGNAL_SCRIPT], ids=["keyboard_interrupt",
+                                                                                   "stop_on_signal"])
+def test_ctrl_c_in_a_script_of_ones_own_is_a_keyboard_interrupt_with_the_routing(tmp_path, script_text):
     """MindSpore turns SIGINT into SIGTERM while a graph runs (the process dies without a word); a script that calls
-    scalebox_ms.route_sigint_around_mindspore() first gets Python's KeyboardInterrupt and can save."""
+    scalebox_ms.route_sigint_around_mindspore() first gets Python's KeyboardInterrupt and can save; with
+    StopOnSignal, learn() returns at the iteration boundary instead."""
     script = tmp_path / "train_mine.py"
-    script.write_text(CTRL_C_SCRIPT)
+    script.write_text(script_text)
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "mine"), os.path.join(REPO, "tests")],

@@ -193,12 +193,28 @@ def resolve_checkpoint(path: str) -> str:
     return path
 
 
-def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 5, replay: bool = True) -> str:
+def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 5, replay: bool = True,
+              run_config: Optional[dict] = None, free_keys=()) -> str:
     """``trainer.load`` of ``checkpoint``, or else of ``run_dir``'s latest checkpoint; returns its prefix.
 
     A run still being trained prunes old checkpoints (``run.keep_checkpoints``, sidecar first): the latest one
     picked here may be gone before it is read. Such a vanished checkpoint is replaced by the new latest (up to
-    ``attempts`` times); any other failure (corrupt, mismatched) is raised as it is."""
+    ``attempts`` times); any other failure (corrupt, mismatched) is raised as it is. With ``run_config`` (the
+    config.yaml the trainer was built from, as a dict) a checkpoint trained with another config is refused, except
+    for ``free_keys`` (an edited ``policy.activation`` would load the weights into another function)."""
+    def load(prefix):
+        if run_config is not None:
+            from .lifecycle import config_changes
+
+            changed = config_changes(read_sidecar(prefix)["config"], run_config, free_keys)
+            if changed:
+                from ..errors import ConfigError
+
+                raise ConfigError(f"{os.path.join(run_dir, 'config.yaml')} differs from the config "
+                                  f"{os.path.basename(prefix)} was trained with: {', '.join(changed)} (checkpoint -> "
+                                  f"config.yaml); restore config.yaml (the trained config is in {prefix}.json)")
+        trainer.load(prefix, replay=replay)
+
     if checkpoint:
         prefix = resolve_checkpoint(checkpoint)
         ckpt_dir = os.path.realpath(os.path.join(run_dir, "checkpoints"))
@@ -208,14 +224,14 @@ def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 
 
             raise ConfigError(f"--checkpoint {checkpoint}: not one of {run_dir}'s checkpoints (in "
                               f"{os.path.join(run_dir, 'checkpoints')}); give that run's directory as --run")
-        trainer.load(prefix, replay=replay)
+        load(prefix)
         return prefix
     if not os.path.isdir(os.path.join(run_dir, "checkpoints")):  # (resolve_checkpoint would take it as a prefix)
         raise CheckpointError(f"no checkpoint found in {run_dir} (it has no checkpoints/ directory)")
     for attempt in range(attempts):
         prefix = resolve_checkpoint(os.path.join(run_dir, "checkpoints"))
         try:
-            trainer.load(prefix, replay=replay)
+            load(prefix)
             return prefix
         except Exception:
             if os.path.exists(prefix + ".json") or attempt == attempts - 1:

@@ -93,6 +93,8 @@ class Trainer:
         self._closed = False
         #: off-policy: the step at which learn() was interrupted inside an iteration (see save)
         self._torn_at: Optional[int] = None
+        #: set by :func:`~scalebox_ms.trainers.acting_trainer`: a trainer for evaluate/export that must not train or save
+        self._acting_only = False
         # stochastic predict(): its own stream of the run's seed (never the training stream)
         self._predict_rng = np.random.Generator(np.random.PCG64([self.config.run.seed, 1]))
 
@@ -168,6 +170,7 @@ class Trainer:
         if self._closed:
             raise ConfigError(f"learn: this {type(self).__name__} was closed (its envs are gone); build a new one, "
                               "e.g. load_trainer(checkpoint)")
+        self._refuse_if_acting_only("learn")
         if callbacks is None:
             callbacks = ()
         stop_at = self._check_horizon(total_steps, until)
@@ -234,6 +237,12 @@ class Trainer:
     def _restore_replay(self, arrays) -> None:
         """The checkpoint's replay buffer contents (None: none saved or read)."""
 
+    def _refuse_if_acting_only(self, what: str) -> None:
+        if self._acting_only:
+            raise ConfigError(f"{what}: this {type(self).__name__} was built by acting_trainer for evaluate/export "
+                              "(off-policy: without its replay buffer and optimizer kernels); "
+                              "load_trainer(checkpoint) builds one that trains")
+
     def save(self, prefix: str) -> str:
         """Write a checkpoint at ``prefix`` (see :mod:`.checkpoint`); returns the sidecar path. Refused (one-line
         :class:`CheckpointError`) after ``learn`` was interrupted where the trainer's state is partly updated: PPO
@@ -241,6 +250,7 @@ class Trainer:
         phase's transitions are lost, the counters lie between phase boundaries)."""
         from .state import save
 
+        self._refuse_if_acting_only("save")
         if self._torn_at is not None:
             from ..errors import CheckpointError
 

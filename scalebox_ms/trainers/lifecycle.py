@@ -93,11 +93,16 @@ def _with_defaults(trained: dict) -> dict:
         return written
 
 
+def config_changes(trained: dict, current: dict, free=RESUMABLE_KEYS) -> List[str]:
+    """``key=old -> new`` for every key but ``free`` whose value differs between a checkpoint's config and a run's."""
+    old, new = _flatten(_with_defaults(trained)), _flatten(current)
+    return [f"{k}={old.get(k, '(absent)')} -> {new.get(k, '(absent)')}"
+            for k in sorted(set(old) | set(new)) if k not in free and old.get(k) != new.get(k)]
+
+
 def check_config_unchanged(run_dir: str, prefix: str, trained: dict, current: dict) -> None:
     """Refuse a config.yaml edited since the checkpoint was written (except :data:`RESUMABLE_KEYS`)."""
-    old, new = _flatten(_with_defaults(trained)), _flatten(current)
-    changed: List[str] = [f"{k}={old.get(k, '(absent)')} -> {new.get(k, '(absent)')}"
-                          for k in sorted(set(old) | set(new)) if k not in RESUMABLE_KEYS and old.get(k) != new.get(k)]
+    changed = config_changes(trained, current)
     if changed:
         raise ConfigError(f"--resume {run_dir}: config.yaml differs from the config {os.path.basename(prefix)} was "
                           f"trained with: {', '.join(changed)} (checkpoint -> config.yaml); only "
@@ -132,12 +137,16 @@ def truncate_metrics(path: str, global_step: int) -> None:
 class StopOnSignal(Callback):
     """SIGINT/SIGTERM/SIGHUP ask the run to stop at the next iteration boundary (checkpoint + summary); a second one
     aborts at once. ``install()``/``restore()`` put and take back the handlers (main thread only). SIGHUP (the
-    terminal closed, an ssh session dropped) stays ignored where it is (``nohup``)."""
+    terminal closed, an ssh session dropped) stays ignored where it is (``nohup``).
+
+    In a script of your own: ``with StopOnSignal() as stop: trainer.learn(callbacks=[stop])`` returns at an
+    iteration boundary after a Ctrl-C (``stop.signum`` says which signal), where ``save`` can checkpoint."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, log):
+    def __init__(self, log=print, after: str = ""):
         self.log = log
+        self.after = after  # what the stop brings, for the log line (the CLI: " (checkpoint + summary)")
         self.signum: Optional[int] = None
         self._previous: Dict[int, object] = {}
 
@@ -158,12 +167,18 @@ class StopOnSignal(Callback):
             signal.signal(s, handler)
         self._previous = {}
 
+    def __enter__(self) -> "StopOnSignal":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
     def _handle(self, signum, frame):
         if self.signum is not None:
             raise Interrupted(signum)
         self.signum = signum
         try:  # (after SIGHUP the terminal may be gone: writing to it fails)
-            self.log(f"{signal.Signals(signum).name}: stopping at the end of this iteration (checkpoint + summary); "
+            self.log(f"{signal.Signals(signum).name}: stopping at the end of this iteration{self.after}; "
                      "send it again to abort at once")
             sys.stderr.flush()
         except (OSError, ValueError):

@@ -415,10 +415,6 @@ class OffPolicyTrainer(Trainer):
         self._pending = None if sc.get("pending") is None else np.asarray(sc["pending"], act_dtype)
         inflight = sc.get("inflight") or {}
         self._pending_obs = None if inflight.get("obs") is None else np.asarray(inflight["obs"], np.float32)
-        if not sc.get("replay_saved", True) and sc.get("replay_size"):
-            self.log.warning("checkpoint was saved without its replay buffer (run.save_replay: false): the buffer "
-                             "starts empty (training resumed from here refills it; evaluation and export do not use "
-                             "it)")
 
     def _restore_replay(self, arrays) -> None:
         """The checkpoint's replay contents, or (None) an empty buffer."""

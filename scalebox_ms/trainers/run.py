@@ -250,7 +250,7 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
     from . import make_trainer
 
     trainer = make_trainer(cfg)  # validates env id and spaces before anything is written
-    stopper = StopOnSignal(log)
+    stopper = StopOnSignal(log, after=" (checkpoint + summary)")
     try:
         cfg = trainer.config  # (under a user's msrun line: parallel.workers = the detected world size)
         from .evaluation import check_evaluation_env

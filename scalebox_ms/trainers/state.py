@@ -176,6 +176,9 @@ def load(trainer, path: str, replay: bool = True):
         trainer._restore_replay(ck["replay"])
     else:  # (not saved, or not read: empty, whatever this trainer collected before)
         trainer._restore_replay(None)
+        if replay and sc.get("replay_saved") is False and sc.get("replay_size"):
+            trainer.log.warning("checkpoint was saved without its replay buffer (run.save_replay: false): the buffer "
+                                "starts empty (training resumed from here refills it)")
     if c.obs_normalizer is not None and sc.get("obs_normalizer"):
         c.obs_normalizer.load_state_dict(sc["obs_normalizer"])
     if c.reward_scaler is not None and sc.get("reward_scaler"):
