@@ -16,7 +16,9 @@ import copy
 import dataclasses
 import hashlib
 import json
+import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
@@ -303,16 +305,36 @@ def _switch_algo(data: Dict[str, Any], algo: Any) -> None:
             policy.pop(key)
 
 
+PRESETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def preset_path(path: str) -> str:
+    """``path``, or the packaged preset it names where no such file exists: ``ppo_pendulum``, ``ppo_pendulum.yaml``
+    or ``configs/ppo_pendulum.yaml`` (the docs' form, run outside a source checkout) -> scalebox_ms/configs/."""
+    if os.path.exists(path):
+        return path
+    head, name = os.path.split(path)
+    name = name if name.endswith((".yaml", ".yml")) else name + ".yaml"
+    packaged = os.path.join(PRESETS_DIR, name)
+    if (not head or os.path.basename(os.path.normpath(head)) in (".", "configs")) and os.path.isfile(packaged):
+        logging.getLogger("scalebox_ms").info(f"config: no file {path} here; using the packaged preset {packaged}")
+        return packaged
+    return path
+
+
 def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> Config:
-    """Load a YAML config file (None: defaults) and apply ``--set`` overrides."""
+    """Load a YAML config file (None: defaults) and apply ``--set`` overrides. A ``path`` that does not exist but
+    names a packaged preset (:func:`preset_path`) loads that preset."""
     if path is None:
         cfg = Config()
     else:
+        path = preset_path(os.fspath(path))
         try:
             with open(path, "r", encoding="utf-8") as f:
                 data = load_yaml(f, f"config file {path}")
         except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
+            raise ConfigError(f"config file not found: {path} (a packaged preset is named by its file name alone, "
+                              f"e.g. --config ppo_cartpole.yaml; the presets: {PRESETS_DIR})") from None
         except IsADirectoryError:
             raise ConfigError(f"config file is a directory: {path}") from None
         except yaml.YAMLError as exc:

@@ -93,6 +93,24 @@ def test_bad_overrides(override, culprit):
     assert culprit in str(exc.value)
 
 
+def test_a_preset_is_found_by_its_name_outside_a_source_checkout(tmp_path, monkeypatch):
+    """The docs' `--config configs/ppo_pendulum.yaml` failed anywhere but in the repository's root (the presets ship
+    inside the package), and the error did not say where they are."""
+    monkeypatch.chdir(tmp_path)
+    packaged = load_config(os.path.join(REPO, "scalebox_ms", "configs", "ppo_pendulum.yaml"))
+    for name in ("configs/ppo_pendulum.yaml", "ppo_pendulum.yaml", "ppo_pendulum", "./configs/ppo_pendulum.yaml"):
+        assert load_config(name) == packaged, name
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "ppo_pendulum.yaml").write_text("run: {seed: 7}\n")  # a file of one's own comes first
+    assert load_config("configs/ppo_pendulum.yaml").run.seed == 7
+    with pytest.raises(ConfigError, match=r"^config file not found: elsewhere/ppo_pendulum.yaml \(a packaged preset "
+                                          r"is named by its file name alone, e.g. --config ppo_cartpole.yaml; the "
+                                          r"presets: .*scalebox_ms/configs\)$"):
+        load_config("elsewhere/ppo_pendulum.yaml")  # (another directory: not silently the preset)
+    with pytest.raises(ConfigError, match="config file not found: ppo_pendulm.yaml"):
+        load_config("ppo_pendulm.yaml")
+
+
 def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(str(tmp_path / "nope.yaml"))
