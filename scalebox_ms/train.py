@@ -89,7 +89,8 @@ def main(argv=None) -> int:
         if args.resume and (args.config or args.overrides or args.seed is not None or args.total_steps is not None
                             or args.run_dir):
             raise ConfigError("--resume continues a run with its own config; "
-                              "--config/--set/--seed/--total-steps/--run-dir cannot be combined with it")
+                              "--config/--set/--seed/--total-steps/--run-dir cannot be combined with it (to train "
+                              "longer or shorter, edit run.total_steps in the run's config.yaml)")
         if args.checkpoint and not args.resume:
             raise ConfigError("--checkpoint: only with --resume DIR (it names the checkpoint to continue from)")
         if args.until is not None and args.until < 1:

@@ -144,6 +144,19 @@ def test_resume_refuses_an_edited_config_but_allows_more_total_steps(run_copy):
     assert summary["global_step"] == 320 and summary["total_steps"] == 320 and summary["status"] == "completed"
 
 
+def test_a_resume_with_nothing_to_train_says_so_and_how_to_train_on(run_copy):
+    """--resume of a finished run, or with --until at or below its step, logged 'resumed ... at step N' and exited 0
+    having trained nothing, without a word on why or how to go on."""
+    lines = []
+    assert train_run(resume=run_copy, until=128, log=lines.append)["global_step"] == 192
+    assert "--until 128: the run is already at step 192: nothing to train" in lines
+    assert train_run(resume=run_copy, log=quiet)["status"] == "completed"
+    lines.clear()
+    assert train_run(resume=run_copy, log=lines.append)["global_step"] == 256
+    assert (f"the run is complete (run.total_steps 256): nothing to train; to train on, raise run.total_steps in "
+            f"{os.path.join(run_copy, 'config.yaml')}") in lines
+
+
 def test_resume_of_a_checkpoint_written_before_a_config_key_existed(run_copy):
     """A key added since the checkpoint was written (absent from its sidecar's config) takes its default instead of
     counting as an edit; the launcher's timeouts may be edited in config.yaml before a resume."""

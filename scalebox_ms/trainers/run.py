@@ -270,6 +270,11 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
                 discard_newer(run_dir, trainer.global_step, log)
                 truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
                 log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(prefix)}")
+                if trainer.global_step >= cfg.run.total_steps:
+                    log(f"the run is complete (run.total_steps {cfg.run.total_steps}): nothing to train; to train "
+                        f"on, raise run.total_steps in {os.path.join(run_dir, 'config.yaml')}")
+                elif until is not None and until <= trainer.global_step:
+                    log(f"--until {until}: the run is already at step {trainer.global_step}: nothing to train")
         else:
             # the envs' first (seeded) reset, without training: an env whose first observations do not fit its
             # spaces fails here, before the run directory is written
