@@ -283,11 +283,9 @@ class PPOTrainer(Trainer):
 
 
 def _pipeline_refusal(device: str, stages: int) -> str:
-    if device == "CPU":
-        return (f"parallel.pipeline_stages: {stages} needs Ascend or GPU; MindSpore has no pipeline parallelism "
-                "on CPU (use parallel.workers for data parallelism)")
-    return (f"parallel.pipeline_stages: {stages} is not supported by scalebox_ms yet on {device}: PPO's policy "
-            "and value MLPs have 2-3 layers, too few to split into pipeline stages (use parallel.workers)")
+    where = "MindSpore has none on CPU, and on Ascend/GPU " if device == "CPU" else ""
+    return (f"parallel.pipeline_stages: {stages}: scalebox_ms has no pipeline parallelism on any device ({where}PPO's "
+            "2-3-layer MLPs are too small to split into stages); use parallel.workers for data parallelism")
 
 
 def _explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
