@@ -7,7 +7,9 @@ and then make ``Corridor-v0``.
 
 Corridor-v0: a corridor of ``length`` cells; the agent starts in cell 0 and sees its cell as a Discrete
 observation. Actions: 0 left, 1 right. Reaching the last cell ends the episode with reward 1; every step costs
-0.01; episodes are truncated after ``4 * length`` steps. The best return is 1 - 0.01 * (length - 1).
+0.01. The best return is 1 - 0.01 * (length - 1). Episodes are truncated after 32 steps by gymnasium's TimeLimit,
+from ``max_episode_steps`` in the registration below (``env.kwargs.max_episode_steps`` overrides it): an env
+registered without a limit gets scalebox_ms's evaluation cap of 10,000 steps, and a log line saying so.
 """
 import gymnasium as gym
 import numpy as np
@@ -22,16 +24,15 @@ class Corridor(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.pos, self.t = 0, 0
+        self.pos = 0
         return self.pos, {}
 
     def step(self, action):
         self.pos = int(np.clip(self.pos + (1 if int(action) == 1 else -1), 0, self.length - 1))
-        self.t += 1
         terminated = self.pos == self.length - 1
         reward = (1.0 if terminated else 0.0) - 0.01
-        return self.pos, reward, terminated, self.t >= 4 * self.length, {}
+        return self.pos, reward, terminated, False, {}  # (truncation: the registration's TimeLimit)
 
 
 if "Corridor-v0" not in gym.registry:
-    gym.register("Corridor-v0", entry_point=f"{__name__}:Corridor")
+    gym.register("Corridor-v0", entry_point=f"{__name__}:Corridor", max_episode_steps=32)
