@@ -118,7 +118,8 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
 
         quantizer = DynamicQuantizer(calibrate_steps, quant_level, activation_calibration, percentile)
         if trainer.global_step == 0:
-            raise ConfigError("quantize: the policy is untrained (global_step 0); train or load a checkpoint first")
+            raise ConfigError("quantize: the policy is untrained (global_step 0); INT8 calibration needs a trained "
+                              "one: train first, or load a later checkpoint (export --checkpoint)")
         data = collect_calibration_data(trainer, calibrate_steps)
         policy = quantizer(trainer, data)
         quant_info = policy.info

@@ -205,7 +205,8 @@ class DynamicQuantizer:
         if hasattr(model, "model") and hasattr(model, "global_step"):  # a trainer
             trainer, model = model, model.model
             if trainer.global_step == 0:
-                raise ConfigError("quantize: the policy is untrained (global_step 0); train or load a checkpoint first")
+                raise ConfigError("quantize: the policy is untrained (global_step 0); INT8 calibration needs a trained "
+                                  "one: train first, or load a later checkpoint (export --checkpoint)")
         if hasattr(trainer, "policy_mlp"):  # off-policy: (the deterministic policy's MLP, its output mapping)
             pi, output = trainer.policy_mlp()
             spec = trainer.spec

@@ -93,7 +93,7 @@ class Trainer:
         self._closed = False
         #: off-policy: the step at which learn() was interrupted inside an iteration (see save)
         self._torn_at: Optional[int] = None
-        #: set by :func:`~scalebox_ms.trainers.acting_trainer`: a trainer for evaluate/export that must not train or save
+        #: set by :func:`~scalebox_ms.trainers.acting_trainer`: for evaluate/export, it must not train or save
         self._acting_only = False
         # stochastic predict(): its own stream of the run's seed (never the training stream)
         self._predict_rng = np.random.Generator(np.random.PCG64([self.config.run.seed, 1]))
