@@ -602,3 +602,15 @@ def test_an_abort_between_the_checkpoint_files_leaves_no_half_checkpoint(tmp_pat
         checkpoint.write_checkpoint(prefix, [{"name": "w", "data": __import__("mindspore").Tensor([1.0])}],
                                     {"format": checkpoint.FORMAT}, env_obj={"state": 1})
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("env_id, name", [("CartPole-v1", "CartPole-v1"), ("ALE/Breakout-v5", "ALE-Breakout-v5"),
+                                          ("my_envs:Corridor-v0", "my_envs-Corridor-v0"),
+                                          ("pkg.mod:My Env/v0", "pkg.mod-My-Env-v0")])
+def test_the_default_run_directory_is_one_directory_named_after_the_env(env_id, name):
+    """ALE/Breakout-v5 nested its runs under runs/ALE/, a module:Env id put a colon in the path."""
+    from scalebox_ms.trainers.run import default_run_dir
+
+    cfg = small_config(env={"id": env_id}, run={"seed": 4})
+    head, tail = os.path.split(default_run_dir(cfg))
+    assert head == "runs" and tail.startswith(f"{name}_seed4_") and ":" not in tail

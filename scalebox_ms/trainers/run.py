@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -189,7 +190,10 @@ def _follow(trainer, until: Optional[int]):
 
 
 def default_run_dir(cfg: Config) -> str:
-    return os.path.join("runs", f"{cfg.env.id}_seed{cfg.run.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
+    """``runs/<env id>_seed<N>_<time>``, the env id's path and module separators as dashes (``ALE/Breakout-v5``:
+    ``runs/ALE-Breakout-v5_...``, not a nested ``runs/ALE/``; ``my_envs:Corridor-v0`` without a colon)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.env.id).strip(".-") or "env"
+    return os.path.join("runs", f"{name}_seed{cfg.run.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resume: Optional[str] = None,
