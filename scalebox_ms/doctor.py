@@ -5,6 +5,8 @@ Checks, each reported as ``ok`` / ``warn`` / ``fail`` with a detail:
 * ``python``, ``mindspore``, ``numpy`` (numpy >= 2 with MindSpore 2.10 fails: the wheel is built against
   numpy 1.x), ``gymnasium``;
 * ``threads``: CPU count, the CPUs this process may use, ``MS_DEV_HOST_BLOCKING_RUN``;
+* ``cxx``: the C++ compiler the kernels of ``scalebox_ms.ops.custom`` build with; without one a warning (the presets'
+  ``auto`` kernels fall back to MindSpore's ops);
 * ``numpy-blas``: the kernels numpy's OpenBLAS runs on this CPU; a warning when it fell back to its pre-AVX
   (Prescott) ones on a CPU with AVX2/AVX-512, which OpenBLAS 0.3.23 (numpy 1.26's wheels) does for CPU models newer
   than it knows (e.g. Intel Emerald Rapids): numpy matmuls then run ~5x slower, which scalebox_ms feels where it
@@ -121,6 +123,25 @@ def _run(cmd: List[str], timeout: float = 60) -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
+
+
+def compiler_check() -> Dict[str, str]:
+    """``cxx``: the C++ compiler the kernels build with (``$CXX``, else ``g++``). Without one, the presets' ``auto``
+    kernels fall back to MindSpore's ops (logged at each run's start, easy to miss): a warning, not a failure."""
+    import glob
+
+    from .ops.custom.build import cache_dir, compiler_command
+
+    cmd = compiler_command()
+    out = _run([*cmd, "--version"]) if cmd else None
+    if out is not None:
+        return _check("cxx", "ok", f"{' '.join(cmd)}: {(out.strip().splitlines() or ['?'])[0]}")
+    cached = len(glob.glob(os.path.join(glob.escape(cache_dir()), "*.so")))
+    return _check("cxx", "warn", f"C++ compiler {' '.join(cmd) or '(empty CXX)'!r} not found or not working: the C++ "
+                  "kernels (policy.act_kernel, ppo.update_kernel and <algo>.optimizer_kernel auto) fall back to "
+                  "MindSpore's ops, several times slower on CPU"
+                  + (f" ({cached} kernel libraries cached in {cache_dir()} still load)" if cached else "")
+                  + "; install g++ or set CXX")
 
 
 def backend_check(name: str, timeout: float = 180) -> Dict[str, str]:
@@ -243,6 +264,7 @@ def diagnose() -> Dict:
     checks.append(_check("threads", "ok", f"{os.cpu_count()} CPUs, {usable_cpus} usable; "
                                           f"MS_DEV_HOST_BLOCKING_RUN={blocking}"))
     checks.append(blas_check(openblas_core(), cpu_flags()))
+    checks.append(compiler_check())
     backends = available_backends()
     checks.append(_check("devices", "ok", "available backends: " + ", ".join(backends)))
     for name in backends:

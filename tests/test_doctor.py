@@ -18,8 +18,27 @@ def test_doctor_json_reports_a_working_cpu_backend():
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["backend:cpu"]["status"] == "ok" and "match numpy" in checks["backend:cpu"]["detail"]
     assert checks["numpy"]["status"] == "ok" and checks["numpy"]["detail"].startswith("1.")
-    assert {"python", "mindspore", "gymnasium", "threads", "devices", "numpy-blas"} <= set(checks)
+    assert {"python", "mindspore", "gymnasium", "threads", "devices", "numpy-blas", "cxx"} <= set(checks)
     assert checks["numpy-blas"]["status"] in ("ok", "warn")
+    from scalebox_ms.ops.custom.build import compiler_available, compiler_command
+
+    cxx = " ".join(compiler_command())
+    assert checks["cxx"]["status"] == ("ok" if compiler_available() else "warn") and cxx in checks["cxx"]["detail"]
+
+
+@pytest.mark.integration
+def test_a_missing_cpp_compiler_is_a_warning_naming_the_slower_fallback(tmp_path):
+    """doctor said 'usable' and nothing else with CXX naming a compiler that does not exist: training then quietly
+    ran the presets' auto kernels as MindSpore ops."""
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-g++"), SCALEBOX_MS_CUSTOM_OPS_CACHE=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "scalebox_ms.doctor", "--json"], capture_output=True, text=True,
+                       env=env, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    check = next(c for c in report["checks"] if c["name"] == "cxx")
+    assert report["usable"] is True and check["status"] == "warn"
+    assert check["detail"].startswith(f"C++ compiler '{tmp_path / 'no-such-g++'}' not found or not working: the C++ "
+                                      "kernels") and check["detail"].endswith("; install g++ or set CXX")
 
 
 def test_numpy_2_with_mindspore_2_10_is_a_failure():
