@@ -91,7 +91,8 @@ def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     (["--set", "ppo.gamma=2"], "ppo.gamma"),
     (["--set", "env.id=NoSuchEnv-v9"], "NoSuchEnv-v9"),
     (["--set", "env.id=tests.space_envs:WordsObs-v0"], "observation part words of type Text"),
-    (["--set", "env.id=tests.space_envs:OffSpaceObs-v0"], "flag = 7"),  # at the first reset: no run dir yet
+    (["--set", "env.id=tests.space_envs:OffSpaceObs-v0"],  # at the first reset: no run dir yet
+     "flag = 7 at env index 0, outside its space (discrete [2], start [0]), from reset() at step 0; the run stops"),
     (["--set", "env.backend=envpool", "--set", "env.id=Taxi-v3"], "evaluation plays gymnasium's"),
     (["--config", "/nonexistent/cfg.yaml"], "config file not found"),
     (["--total-steps", "0"], "run.total_steps"),

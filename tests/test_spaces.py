@@ -13,7 +13,7 @@ import pytest
 from gymnasium import spaces
 
 import space_envs  # noqa: F401  (registers DictMatch-v0, MultiDiscreteMatch-v0, MultiBinaryMatch-v0)
-from conftest import REPO, run_module
+from conftest import REPO, run_module, small_config
 from scalebox_ms import Config
 from scalebox_ms.envs.obs_encoding import ObsEncoder
 from scalebox_ms.errors import ConfigError, TrainingError
@@ -71,6 +71,34 @@ def test_out_of_range_discrete_observation_is_a_one_line_error():
     with pytest.raises(TrainingError, match=r"observation obs = 4 at env index 1, outside its space") as e:
         enc.encode(np.array([0, 4]))
     assert "\n" not in str(e.value)
+
+
+class _OffSpaceLater(gym.Env):
+    """Discrete(3) observations; the third step of each episode returns 7."""
+    observation_space, action_space = spaces.Discrete(3), spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return 0, {}
+
+    def step(self, action):
+        self.t += 1
+        return (7 if self.t == 3 else 1), 0.0, self.t >= 5, False, {}
+
+
+def test_an_off_space_observation_while_training_names_the_call_and_the_step():
+    """The error named the env and its index but not when: at the first reset, or thousands of steps in."""
+    if "OffSpaceLater-v0" not in gym.registry:
+        gym.register("OffSpaceLater-v0", entry_point=_OffSpaceLater)
+    trainer = PPOTrainer(small_config(env={"id": "OffSpaceLater-v0", "num_envs": 2}))
+    try:
+        with pytest.raises(TrainingError, match=r"^env 'OffSpaceLater-v0' returned observation obs = 7 at env index "
+                                                r"0, outside its space \(discrete \[3\], start \[0\]\), from step\(\) "
+                                                r"at step 4; the run stops$"):
+            trainer.learn(until=64)
+    finally:
+        trainer.close()
 
 
 def test_off_space_values_blame_the_env_or_the_caller_and_multibinary_values_are_checked():

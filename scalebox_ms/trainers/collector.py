@@ -148,6 +148,8 @@ class RolloutCollector:
     def _encode_returned(self, raw, call: str, step: int) -> np.ndarray:
         try:
             return self.encode(raw)
+        except TrainingError as exc:  # (a value outside its space: which call, which step)
+            raise TrainingError(f"{exc}, from {call}() at step {step}; the run stops") from None
         except (ScaleboxError, MemoryError):
             raise
         except Exception as exc:  # (its observation does not fit the observation space it declares)
