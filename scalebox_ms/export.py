@@ -21,8 +21,10 @@ quantization details, versions and the source checkpoint. The file runs without 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from typing import List, Optional
 
 from .errors import ConfigError
@@ -138,12 +140,18 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     directory = os.path.dirname(os.path.abspath(output))
     if os.path.isdir(output):
         raise ConfigError(f"--output {output}: is a directory")
-    tmp_prefix = os.path.join(directory, f".tmp-{os.path.basename(output)[:-7]}-{os.getpid()}")
+    tmp_name = re.sub(r"[^0-9A-Za-z_.-]", "_", f".tmp-{os.path.basename(output)[:-7]}-{os.getpid()}")
+    tmp_prefix = os.path.join(directory, tmp_name)
+    # MindSpore takes only file names of [0-9a-zA-Z@_-.:/\\] (a space or a non-ASCII letter is a ValueError): in a
+    # directory named otherwise it writes the temporary file by its bare name from within that directory
+    plain = re.fullmatch(r"[0-9a-zA-Z@_\-.:/\\]+", tmp_prefix) is not None
     try:
         os.makedirs(directory, exist_ok=True)
         # (Ctrl-C: held until the compile is done, then raised here, and the temporary file removed)
-        with sigint_held(), builtin_patches(cell):  # MindSpore ops only: an aot kernel's library does not travel
-            ms.export(cell, *inputs, file_name=tmp_prefix, file_format="MINDIR")  # with the file
+        with sigint_held(), builtin_patches(cell), \
+                (contextlib.nullcontext() if plain else contextlib.chdir(directory)):
+            # (MindSpore ops only: an aot kernel's library does not travel with the file)
+            ms.export(cell, *inputs, file_name=tmp_prefix if plain else tmp_name, file_format="MINDIR")
         if os.path.exists(sidecar_path(output)):  # an export stopped between the two files leaves no stale pair
             os.unlink(sidecar_path(output))
         os.chmod(tmp_prefix + ".mindir", 0o666 & ~umask())  # (MindSpore writes 0400: unreadable to a service user)

@@ -67,6 +67,25 @@ def test_fp32_export_matches_predict_in_a_process_without_scalebox(cartpole, tmp
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("int8", [False, True])
+def test_export_to_a_path_with_spaces_and_non_ascii_letters(cartpole, tmp_path, monkeypatch, int8):
+    """MindSpore's export takes only file names of [0-9a-zA-Z@_-.:/\\]: a run directory (or the cwd) with a space in
+    its path ended export in a 22-line ValueError traceback, and left the new directory behind."""
+    from scalebox_ms.export import MindIRPolicy
+
+    out_dir = tmp_path / "my runs" / "pö licy"
+    path = str(out_dir / "pol icy.mindir")
+    monkeypatch.chdir(tmp_path)
+    export_mindir(cartpole, path, int8=int8, calibrate_steps=64)
+    assert sorted(os.listdir(out_dir)) == ["pol icy.mindir", "pol icy.mindir.json"]  # (no temporary file left)
+    obs = np.random.default_rng(0).uniform(-0.2, 0.2, (16, 4)).astype(np.float32)
+    actions = MindIRPolicy(path)(obs)
+    if not int8:
+        np.testing.assert_array_equal(actions, cartpole.predict(obs))
+    assert actions.shape == (16,) and not list(tmp_path.glob("kernel_meta"))
+
+
+@pytest.mark.integration
 def test_continuous_export_matches_predict(tmp_path):
     tr = PPOTrainer(small_config(env={"id": "Pendulum-v1", "num_envs": 2, "normalize_obs": True},
                                  ppo={"n_steps": 32, "batch_size": 16}, run={"total_steps": 128}))
