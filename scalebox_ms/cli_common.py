@@ -107,6 +107,21 @@ def sigint_held():
         raise KeyboardInterrupt
 
 
+_routed = False  # route_sigint_around_mindspore ran: SIGINT is to stay blocked in the main thread
+
+
+@contextlib.contextmanager
+def sigint_routing_kept():
+    """Around starting a ``multiprocessing`` process: the first one starts multiprocessing's resource tracker, which
+    unblocks SIGINT in the calling thread when it is done, undoing :func:`route_sigint_around_mindspore` (a Ctrl-C
+    then reached MindSpore's handler and ended the run as SIGTERM, exit 143). Blocks it again afterwards."""
+    try:
+        yield
+    finally:
+        if _routed and threading.current_thread() is threading.main_thread():
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def route_sigint_around_mindspore() -> None:
     """Deliver Ctrl-C to the main thread's Python handler as SIGINT, whatever MindSpore does with it.
 
@@ -118,9 +133,11 @@ def route_sigint_around_mindspore() -> None:
     """
     import _thread
 
+    global _routed
     if threading.current_thread() is not threading.main_thread() or threading.active_count() > 1:
         return  # other threads already run with SIGINT unblocked: routing would not be reliable
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    _routed = True
 
     def wait():
         while True:

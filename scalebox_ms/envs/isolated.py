@@ -30,6 +30,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..cli_common import sigint_routing_kept
+
 log = logging.getLogger("scalebox_ms")
 
 
@@ -78,7 +80,8 @@ class _Worker:
     def __init__(self, ctx, env_id, kwargs, memory_limit, wrap=("none", False)):
         self.parent, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, env_id, kwargs, memory_limit, wrap), daemon=True)
-        self.proc.start()
+        with sigint_routing_kept():
+            self.proc.start()
         child.close()
         self.ready = False  # it has answered once: its env is built
 
