@@ -94,6 +94,11 @@ def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     (["--set", "env.id=tests.space_envs:OffSpaceObs-v0"],  # at the first reset: no run dir yet
      "flag = 7 at env index 0, outside its space (discrete [2], start [0]), from reset() at step 0; the run stops"),
     (["--set", "env.backend=envpool", "--set", "env.id=Taxi-v3"], "evaluation plays gymnasium's"),
+    # (EnvPool's Blackjack observes a Box(3,), gymnasium's a Tuple: the run trained, then its evaluation failed, or
+    # with 3 episodes read the Tuple as a batch of 3 observations and reported a return)
+    (["--set", "env.backend=envpool", "--set", "env.id=Blackjack-v1"],
+     "env.backend: envpool's Blackjack-v1 has the observation space Box(0, 31, (3,), int32), gymnasium's (which "
+     "evaluation plays) Tuple(Discrete(32), Discrete(11), Discrete(2))"),
     (["--config", "/nonexistent/cfg.yaml"], "config file not found"),
     (["--total-steps", "0"], "run.total_steps"),
     (["--bogus-flag"], "--bogus-flag"),

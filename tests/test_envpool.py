@@ -109,6 +109,22 @@ def test_config_errors(sets, culprit):
         Config.from_dict(sets)
 
 
+def test_same_layout_compares_kinds_and_shapes_part_by_part_not_dtypes():
+    from gymnasium import spaces
+
+    from scalebox_ms.trainers.evaluation import same_layout
+
+    box = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    assert same_layout(box, spaces.Box(-np.inf, np.inf, (3,), np.float64))
+    assert not same_layout(box, spaces.Box(-1.0, 1.0, (4,), np.float32))
+    assert not same_layout(spaces.Box(0, 31, (3,), np.int32),
+                           spaces.Tuple((spaces.Discrete(32), spaces.Discrete(11), spaces.Discrete(2))))
+    assert same_layout(spaces.Dict({"a": box, "n": spaces.Discrete(3)}), spaces.Dict({"a": box, "n": spaces.Discrete(3)}))
+    assert not same_layout(spaces.Dict({"a": box, "n": spaces.Discrete(3)}),
+                           spaces.Dict({"a": box, "n": spaces.Discrete(3, start=1)}))
+    assert not same_layout(spaces.MultiDiscrete([2, 3]), spaces.MultiDiscrete([3, 2]))
+
+
 def test_ppo_on_envpool_cartpole_reaches_475_on_gymnasiums_env():
     from scalebox_ms.config import load_config
     from scalebox_ms.trainers import PPOTrainer

@@ -167,7 +167,33 @@ def check_evaluation_env(trainer) -> None:
     except ConfigError as exc:
         raise ConfigError(f"env.backend: {cfg.backend} trains on its own envs but evaluation plays gymnasium's, "
                           f"and gymnasium cannot: {exc} (or set run.eval_episodes=0 and run.eval_every=0)") from None
-    close_env(env, cfg.id)
+    try:
+        train_env = trainer.collector.env
+        for what in ("observation", "action"):
+            ours, theirs = (getattr(e, f"single_{what}_space") for e in (train_env, env))
+            if not same_layout(ours, theirs):  # (EnvPool's Blackjack-v1: a Box where gymnasium's is a Tuple)
+                raise ConfigError(f"env.backend: {cfg.backend}'s {cfg.id} has the {what} space {ours}, gymnasium's "
+                                  f"(which evaluation plays) {theirs}: the policy would be evaluated on observations "
+                                  "it was not trained on; use env.backend gymnasium")
+    finally:
+        close_env(env, cfg.id)
+
+
+def same_layout(a, b) -> bool:
+    """Whether two gymnasium spaces have the same kind and shape, part by part (dtypes and Box bounds aside)."""
+    from gymnasium import spaces
+
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, spaces.Dict):
+        return list(a.spaces) == list(b.spaces) and all(same_layout(a[k], b[k]) for k in a.spaces)
+    if isinstance(a, spaces.Tuple):
+        return len(a.spaces) == len(b.spaces) and all(same_layout(x, y) for x, y in zip(a.spaces, b.spaces))
+    if isinstance(a, spaces.Discrete):
+        return int(a.n) == int(b.n) and int(a.start) == int(b.start)
+    if isinstance(a, spaces.MultiDiscrete):
+        return np.array_equal(a.nvec, b.nvec) and np.array_equal(a.start, b.start)
+    return a.shape == b.shape
 
 
 def _check_seed(seed) -> None:
