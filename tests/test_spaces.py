@@ -535,6 +535,12 @@ class NoSpaces(gym.Env):
     def reset(self, *, seed=None, options=None):
         return 0, {{}}
 
+class Exits(gym.Env):
+    def __init__(self):
+        import sys
+        sys.exit(3)
+
+gym.register("Exits-v0", entry_point=__name__ + ":Exits")
 gym.register("Raises-v0", entry_point=__name__ + ":Raises")
 gym.register("NoSpaces-v0", entry_point=__name__ + ":NoSpaces")
 gym.register("Missing-v0", entry_point=__name__ + ":DoesNotExist")
@@ -549,7 +555,12 @@ gym.register("Missing-v0", entry_point=__name__ + ":DoesNotExist")
     ("", "{m}:Raises-v0", "cannot create '{m}:Raises-v0': RuntimeError ({m}.py:9 in __init__): cannot open device"),
     ("", "{m}:NoSpaces-v0", "cannot create '{m}:NoSpaces-v0': AttributeError: The environment must specify"),
     ("", "{m}:Missing-v0", "cannot create '{m}:Missing-v0': AttributeError: module '{m}' has no attribute"),
-], ids=["import-raises", "syntax-error", "no-module-name", "constructor-raises", "no-spaces", "no-such-class"])
+    # (sys.exit(0) in a user's module or constructor ended train with exit 0, nothing trained, not a word)
+    ("import sys; sys.exit(0)", "{m}:Raises-v0",
+     "importing '{m}' raised SystemExit ({m}.py:5 in <module>): it called sys.exit(0)"),
+    ("", "{m}:Exits-v0", "cannot create '{m}:Exits-v0': SystemExit ({m}.py:18 in __init__): it called sys.exit(3)"),
+], ids=["import-raises", "syntax-error", "no-module-name", "constructor-raises", "no-spaces", "no-such-class",
+        "import-exits", "constructor-exits"])
 def test_a_broken_env_module_or_constructor_is_a_config_error_naming_it(tmp_path, monkeypatch, top, env_id,
                                                                         culprit):
     """Any exception of the user's env module (at import or in the constructor) used to escape as a traceback."""
@@ -561,6 +572,23 @@ def test_a_broken_env_module_or_constructor_is_a_config_error_naming_it(tmp_path
     with pytest.raises(ConfigError) as info:
         make_vec_env(env_id.format(m=name), 1)
     assert culprit.format(m=name) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_env_kwargs_are_checked_as_the_single_env_checks_them_also_for_gymnasiums_vector_envs():
+    """From 4 envs on, CartPole runs as gymnasium's CartPoleVectorEnv, which took max_episode_steps 0 (every episode
+    one step long) where the single env, which evaluation plays, refuses it: the run trained on, its evaluation
+    failed."""
+    from scalebox_ms.envs import make_vec_env
+
+    for n in (2, 4):
+        with pytest.raises(ConfigError, match=r"^env.id: cannot create 'CartPole-v1' with env.kwargs="
+                                              r"\{'max_episode_steps': 0\} \(Expect the `max_episode_steps` to be"):
+            make_vec_env("CartPole-v1", n, {"max_episode_steps": 0})
+    env = make_vec_env("CartPole-v1", 4, {"max_episode_steps": 7})  # (a valid one still makes the vector env)
+    try:
+        assert type(env).__name__ == "CartPoleVectorEnv"
+    finally:
+        env.close()
 
 
 def test_predict_and_normalize_obs_take_one_observation_or_a_batch():

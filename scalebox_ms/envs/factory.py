@@ -77,9 +77,9 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
             importlib.import_module(module)
         except ImportError as exc:
             raise ConfigError(f"env.id: {short_repr(env_id)}: cannot import {module!r} ({exc})") from None
-        except Exception as exc:  # the user's module fails while it is imported (any error of theirs)
-            raise ConfigError(f"env.id: {short_repr(env_id)}: importing {module!r} raised {type(exc).__name__}"
-                              f"{user_code_origin(exc)}: {first_line(exc)}") from None
+        except (Exception, SystemExit) as exc:  # the user's module fails while it is imported (any error of theirs;
+            # sys.exit(0) in it ended train with exit 0 and nothing trained)
+            raise ConfigError(f"env.id: {short_repr(env_id)}: importing {module!r} raised {_raised(exc)}") from None
     if ale:
         atari.import_ale()
     try:
@@ -105,19 +105,28 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
                     and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS
                     and not ale else "sync")  # (ale-py's is its own preprocessing pipeline)
             extra = {"wrappers": atari.wrappers(*wrap)} if preprocess != "none" else {}
+            if mode == "vector_entry_point" and kwargs:  # its own checks of env.kwargs may be laxer than the single
+                gym.make(env_id, **kwargs).close()  # env's, which evaluation plays (CartPole: max_episode_steps 0)
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **extra, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
         raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({first_line(exc)})") from None
     except (gym.error.Error, TypeError, ValueError) as exc:
         raise ConfigError(f"env.id: cannot create {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} ({first_line(exc)})") from None
-    except Exception as exc:  # the env's own constructor (or its entry point) failed: name it and where
-        raise ConfigError(f"env.id: cannot create {short_repr(env_id)}: {type(exc).__name__}{user_code_origin(exc)}: "
-                          f"{first_line(exc)}") from None
+    except (Exception, SystemExit) as exc:  # the env's own constructor (or its entry point) failed: name it and where
+        raise ConfigError(f"env.id: cannot create {short_repr(env_id)}: {_raised(exc)}") from None
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if AutoresetMode(autoreset) != AutoresetMode.NEXT_STEP:
         env.close()
         raise ConfigError(f"env.id: {short_repr(env_id)} vector env uses autoreset mode {autoreset}; scalebox_ms needs NEXT_STEP")
     return _probed(env, env_id, kwargs)
+
+
+def _raised(exc: BaseException) -> str:
+    """'<type> (<file:line in function>): <message>' of an exception raised by a user's env code; for SystemExit
+    (``sys.exit()`` in it), what was called."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit{user_code_origin(exc)}: it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}{user_code_origin(exc)}: {first_line(exc)}"
 
 
 def _probed(env, env_id: str, kwargs):
