@@ -274,6 +274,35 @@ def test_metrics_report_phase_shares(small_cfg):
     tr.close()
 
 
+@pytest.mark.parametrize("section, change", [("policy", {"activation": "relu"}), ("env", {"normalize_obs": False}),
+                                             ("env", {"clip_obs": 5.0})])
+def test_load_refuses_a_checkpoint_whose_weights_would_compute_another_function(tmp_path, section, change):
+    """Weights of the same shapes loaded without a word into a trainer with another activation, or without the
+    checkpoint's observation normalisation (its statistics then dropped): another policy, silently. What only
+    changes training (here the learning rate) still loads."""
+    base = {"env": {"normalize_obs": True}}
+    tr = PPOTrainer(small_config(**base))
+    prefix = str(tmp_path / "ck")
+    tr.learn(until=64)
+    tr.save(prefix)
+    tr.close()
+    other = PPOTrainer(small_config(**{**base, section: {**base.get(section, {}), **change}}))
+    key, value = next(iter(change.items()))
+    try:
+        with pytest.raises(CheckpointError, match=rf"^checkpoint .*ck was trained with {section}\.{key}=.*, this "
+                                                  rf"trainer has {section}\.{key}={value!r}: its weights would "
+                                                  r"compute another function here"):
+            other.load(prefix)
+    finally:
+        other.close()
+    tuned = PPOTrainer(small_config(**base, ppo={"learning_rate": 1e-4}))
+    try:
+        tuned.load(prefix)
+        assert tuned.global_step == 64
+    finally:
+        tuned.close()
+
+
 def test_load_into_a_trainer_that_already_ran_its_graphs(tmp_path):
     """Compiled graphs must see loaded parameters (MindSpore's set_data alone would be invisible to them)."""
     small_cfg = small_config(ppo={"update_kernel": "builtin"})  # (the update as a compiled graph too)

@@ -127,6 +127,25 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj))
 
 
+#: config keys that decide what function a checkpoint's weights compute but not their shapes: a trainer whose config
+#: differs in one of them would load the weights without a complaint and act as another policy
+FUNCTION_KEYS = (("policy", "activation"), ("policy", "features"), ("policy", "share_features"),
+                 ("env", "normalize_obs"), ("env", "preprocess"))
+
+
+def _check_same_function(trainer, ck_cfg: dict, prefix: str) -> None:
+    keys = FUNCTION_KEYS + ((("env", "clip_obs"),) if trainer.config.env.normalize_obs else ())
+    for section, key in keys:
+        part = ck_cfg.get(section)
+        if not isinstance(part, dict) or key not in part:  # (a checkpoint from before the key existed)
+            continue
+        ours = getattr(getattr(trainer.config, section), key)
+        if part[key] != ours:
+            raise CheckpointError(f"checkpoint {prefix} was trained with {section}.{key}={part[key]!r}, this trainer "
+                                  f"has {section}.{key}={ours!r}: its weights would compute another function here; "
+                                  "build the trainer from the checkpoint's config (load_trainer(path))")
+
+
 def load(trainer, path: str, replay: bool = True):
     """Restore parameters, optimizer, statistics, counters, RNG and env state (and, with ``replay``, the replay
     buffer's contents) from a checkpoint."""
@@ -148,6 +167,7 @@ def load(trainer, path: str, replay: bool = True):
         if ck_env.get(key) != getattr(trainer.config.env, key):
             raise CheckpointError(f"checkpoint {ck['prefix']} was made with env.{key}={ck_env.get(key)!r}, "
                                   f"this trainer has env.{key}={getattr(trainer.config.env, key)!r}")
+    _check_same_function(trainer, sc.get("config") or {}, ck["prefix"])
     named = trainer._named_state()
     upgrade = getattr(trainer.model, "upgrade_tensors", None)  # (off-policy: checkpoints of the per-critic layout)
     if upgrade is not None:
