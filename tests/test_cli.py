@@ -104,7 +104,9 @@ def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     (["--bogus-flag"], "--bogus-flag"),
     (["--seed", "abc"], "--seed"),
     (["--seed", str(2**32)], "run.seed"),
-    (["--set", "env.kwargs={max_episode_steps: x}"], "fails its first step"),
+    (["--set", "env.kwargs={max_episode_steps: x}"],  # (8 envs: gymnasium's CartPoleVectorEnv; checked by one env)
+     "cannot create 'CartPole-v1' with env.kwargs={'max_episode_steps': 'x'} (Expect the `max_episode_steps` to be "
+     "an integer"),
 ])
 @pytest.mark.integration
 def test_bad_input_one_line_exit_2_and_no_run_dir(tmp_path, args, culprit):
