@@ -148,8 +148,7 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     try:
         os.makedirs(directory, exist_ok=True)
         # (Ctrl-C: held until the compile is done, then raised here, and the temporary file removed)
-        with sigint_held(), builtin_patches(cell), \
-                (contextlib.nullcontext() if plain else contextlib.chdir(directory)):
+        with sigint_held(), builtin_patches(cell), (contextlib.nullcontext() if plain else _cwd(directory)):
             # (MindSpore ops only: an aot kernel's library does not travel with the file)
             ms.export(cell, *inputs, file_name=tmp_prefix if plain else tmp_name, file_format="MINDIR")
         if os.path.exists(sidecar_path(output)):  # an export stopped between the two files leaves no stale pair
@@ -174,6 +173,18 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
                               f"({exc.strerror or exc})") from None
         raise
     return sidecar
+
+
+@contextlib.contextmanager
+def _cwd(directory: str):
+    """``directory`` as the process's working directory for the block (contextlib.chdir is Python 3.11+; this one
+    changes it for every thread too: used only around ``ms.export`` into a directory MindSpore cannot name)."""
+    before = os.getcwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:

@@ -471,6 +471,24 @@ def test_the_acting_trainer_refuses_to_train_or_save_and_says_nothing_of_an_unsa
         full.close()
 
 
+def test_the_acting_trainer_takes_the_config_that_trained_the_run_as_python_built_it(tmp_path):
+    """A config built in Python with tuples (policy.pi_layers=(32, 32)) was refused against its own checkpoint,
+    whose JSON sidecar holds lists; a FusedDense layout edited into config.yaml (same outputs and checkpoints) too."""
+    from scalebox_ms.trainers import acting_trainer
+
+    cfg = dqn_config()
+    cfg.policy.pi_layers = (32, 32)
+    cfg.policy.vf_layers = (32, 32)
+    _train_run(cfg, tmp_path / "r", until=500)
+    trainer, prefix = acting_trainer(cfg, str(tmp_path / "r"))
+    trainer.close()
+    edited = load_config(str(tmp_path / "r" / "config.yaml"))
+    edited.policy.layer = "fused"
+    trainer, again = acting_trainer(edited, str(tmp_path / "r"))
+    trainer.close()
+    assert again == prefix
+
+
 def test_cli_trains_evaluates_and_exports_sac(tmp_path, monkeypatch):
     run = tmp_path / "run"
     r = run_module("train", "--config", os.path.join(REPO, "configs", "sac_pendulum.yaml"), "--run-dir", run,

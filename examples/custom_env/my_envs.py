@@ -8,7 +8,8 @@ and then make ``Corridor-v0``.
 Corridor-v0: a corridor of ``length`` cells; the agent starts in cell 0 and sees its cell as a Discrete
 observation. Actions: 0 left, 1 right. Reaching the last cell ends the episode with reward 1; every step costs
 0.01. The best return is 1 - 0.01 * (length - 1). Episodes are truncated after 32 steps by gymnasium's TimeLimit,
-from ``max_episode_steps`` in the registration below (``env.kwargs.max_episode_steps`` overrides it): an env
+from ``max_episode_steps`` in the registration below (``env.kwargs.max_episode_steps`` overrides it; raise it too
+for a ``length`` above 8, or the far end is out of reach): an env
 registered without a limit gets scalebox_ms's evaluation cap of 10,000 steps, and a log line saying so.
 """
 import gymnasium as gym

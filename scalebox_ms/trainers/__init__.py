@@ -44,7 +44,8 @@ def load_trainer(path: str, sandbox=None):
 
 #: config keys a run's config.yaml may differ in from its checkpoint's for evaluate and export (besides resume's): how
 #: the policy is computed (kernels, device, threads, the update's own kernels), not what it computes
-ACTING_FREE_KEYS = ("policy.act_kernel", "policy.conv_kernel", "policy.conv_backend", "ppo.update_kernel",
+ACTING_FREE_KEYS = ("policy.act_kernel", "policy.conv_kernel", "policy.conv_backend", "policy.layer", "policy.align",
+                    "env.compiled_rollout", "ppo.update_kernel",
                     "dqn.optimizer_kernel", "sac.optimizer_kernel", "td3.optimizer_kernel", "dqn.host_acting",
                     "sandbox.device", "sandbox.device_id", "sandbox.threads", "sandbox.memory_limit",
                     "sandbox.worker_memory_limit", "sandbox.step_timeout", "sandbox.isolation_level")

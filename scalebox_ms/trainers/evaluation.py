@@ -172,9 +172,10 @@ def check_evaluation_env(trainer) -> None:
         for what in ("observation", "action"):
             ours, theirs = (getattr(e, f"single_{what}_space") for e in (train_env, env))
             if not same_layout(ours, theirs):  # (EnvPool's Blackjack-v1: a Box where gymnasium's is a Tuple)
+                ours, theirs = (" ".join(str(x).split()) for x in (ours, theirs))  # (numpy wraps long bounds)
                 raise ConfigError(f"env.backend: {cfg.backend}'s {cfg.id} has the {what} space {ours}, gymnasium's "
-                                  f"(which evaluation plays) {theirs}: the policy would be evaluated on observations "
-                                  "it was not trained on; use env.backend gymnasium")
+                                  f"(which evaluation plays) {theirs}: the policy would be evaluated on {what}s of "
+                                  "another kind than it was trained on; use env.backend gymnasium")
     finally:
         close_env(env, cfg.id)
 

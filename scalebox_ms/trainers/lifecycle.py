@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import glob
 import io
+import json
 import os
 import re
 import signal
@@ -95,7 +96,8 @@ def _with_defaults(trained: dict) -> dict:
 
 def config_changes(trained: dict, current: dict, free=RESUMABLE_KEYS) -> List[str]:
     """``key=old -> new`` for every key but ``free`` whose value differs between a checkpoint's config and a run's."""
-    old, new = _flatten(_with_defaults(trained)), _flatten(current)
+    # (as JSON has them: a config built in Python may hold tuples where the sidecar's JSON has lists)
+    old, new = (_flatten(json.loads(json.dumps(d, default=str))) for d in (_with_defaults(trained), current))
     return [f"{k}={old.get(k, '(absent)')} -> {new.get(k, '(absent)')}"
             for k in sorted(set(old) | set(new)) if k not in free and old.get(k) != new.get(k)]
 

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ScaleboxError
 
 
 def named_state(model, update_step):
@@ -127,23 +127,33 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj))
 
 
-#: config keys that decide what function a checkpoint's weights compute but not their shapes: a trainer whose config
-#: differs in one of them would load the weights without a complaint and act as another policy
-FUNCTION_KEYS = (("policy", "activation"), ("policy", "features"), ("policy", "share_features"),
-                 ("env", "normalize_obs"), ("env", "preprocess"))
+def _function_choices(trainer, cfg: dict) -> dict:
+    """The choices in a config (as a dict) that decide what function a model's weights compute but not their shapes
+    (the feature extractor shows in the spaces' spec, compared on its own), as this trainer resolves them: a trainer
+    that differs in one would load a checkpoint's weights without a complaint and act as another policy."""
+    from ..envs.atari import resolve
+
+    policy, env = cfg.get("policy") or {}, cfg.get("env") or {}
+    out = {"policy.activation": policy.get("activation"), "env.normalize_obs": env.get("normalize_obs")}
+    if env.get("normalize_obs"):
+        out["env.clip_obs"] = env.get("clip_obs")
+    if trainer.spec.cnn:  # (vector observations: actor and critic have their own networks either way)
+        out["policy.share_features"] = policy.get("share_features")
+    if env.get("preprocess") is not None:
+        try:
+            out["env.preprocess"] = resolve(env["preprocess"], env.get("id", ""), env.get("kwargs"))
+        except ScaleboxError:
+            out["env.preprocess"] = env["preprocess"]
+    return {k: v for k, v in out.items() if v is not None}  # (a checkpoint from before a key existed: not compared)
 
 
 def _check_same_function(trainer, ck_cfg: dict, prefix: str) -> None:
-    keys = FUNCTION_KEYS + ((("env", "clip_obs"),) if trainer.config.env.normalize_obs else ())
-    for section, key in keys:
-        part = ck_cfg.get(section)
-        if not isinstance(part, dict) or key not in part:  # (a checkpoint from before the key existed)
-            continue
-        ours = getattr(getattr(trainer.config, section), key)
-        if part[key] != ours:
-            raise CheckpointError(f"checkpoint {prefix} was trained with {section}.{key}={part[key]!r}, this trainer "
-                                  f"has {section}.{key}={ours!r}: its weights would compute another function here; "
-                                  "build the trainer from the checkpoint's config (load_trainer(path))")
+    theirs, ours = _function_choices(trainer, ck_cfg), _function_choices(trainer, trainer.config.to_dict())
+    for key in theirs:
+        if key in ours and theirs[key] != ours[key]:
+            raise CheckpointError(f"checkpoint {prefix} was trained with {key}={theirs[key]!r}, this trainer has "
+                                  f"{key}={ours[key]!r}: its weights would compute another function here; build the "
+                                  "trainer from the checkpoint's config (load_trainer(path))")
 
 
 def load(trainer, path: str, replay: bool = True):
