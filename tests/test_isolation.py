@@ -75,6 +75,45 @@ def test_trainer_survives_crashing_envs_and_logs_restarts(tmp_path):
     tr.close()
 
 
+def test_a_restarted_workers_step_is_no_transition_for_ppo_or_the_replay_buffer(monkeypatch):
+    """A worker restart is reported as a truncated step with reward 0 and the previous observation: no transition
+    the env made. PPO trained on it (bootstrapping from the same observation) and DQN/SAC/TD3 stored it in the replay
+    buffer as (s, a, 0, s, not terminated). CartPole pays 1 at every real step."""
+    import scalebox_ms.buffers as buffers
+    from scalebox_ms.config import Config
+    from scalebox_ms.trainers import PPOTrainer, make_trainer
+
+    seen, real_gae = [], buffers.compute_gae
+
+    def gae(rewards, values, last_values, terminated, truncated, valid, *args):
+        seen.append((rewards.copy(), truncated.copy(), valid.copy()))
+        return real_gae(rewards, values, last_values, terminated, truncated, valid, *args)
+
+    monkeypatch.setattr(buffers, "compute_gae", gae)  # (the trainer imports it from there on each iteration)
+    tr = PPOTrainer(small_config(env={"id": "faulty_envs:CrashingCartPole-v0", "num_envs": 2},
+                                 ppo={"batch_size": 16}, sandbox={"isolation_level": "process"}))
+    try:
+        tr.learn(until=32)  # one rollout of 16 steps: both workers crash at their 5th step (and fresh ones at theirs)
+        rewards, truncated, valid = seen[0]
+        assert truncated.sum() >= 4 and not valid[truncated].any()  # the restart steps (no real truncation here)
+        assert (rewards[valid] == 1.0).all()
+    finally:
+        tr.close()
+    cfg = Config.from_dict({"algo": "dqn", "env": {"id": "faulty_envs:CrashingCartPole-v0", "num_envs": 2},
+                            "dqn": {"train_freq": 16, "gradient_steps": 1, "batch_size": 16, "learning_starts": 1000,
+                                    "buffer_size": 1000},
+                            "sandbox": {"isolation_level": "process"}, "run": {"total_steps": 2000, "progress": False}})
+    dqn = make_trainer(cfg)
+    try:
+        dqn.learn(until=64)
+        arrays = dqn.replay.state_dict()
+        n = len(dqn.replay)
+        assert dqn._last_metrics["env_restarts"] >= 2 and 0 < n < 64
+        assert (np.asarray(arrays["reward"])[:n] == 1.0).all()
+    finally:
+        dqn.close()
+
+
 def test_memory_limit_parsing_and_rss_watch():
     assert parse_bytes("512MB", "k") == 512 * 2**20 and parse_bytes("1.5G", "k") == int(1.5 * 2**30)
     assert parse_bytes(1073741824, "k") == 2**30

@@ -34,6 +34,17 @@ from ..cli_common import sigint_routing_kept
 
 log = logging.getLogger("scalebox_ms")
 
+#: ``info`` key (gymnasium's vector layout: the value and a ``_``-prefixed mask) marking the sub-envs whose worker was
+#: restarted at this step: their step is reported truncated with reward 0 and the previous observation, which is
+#: no transition the env made
+RESTART_KEY = "env_restart"
+
+
+def restarted(info, num_envs: int) -> np.ndarray:
+    """The sub-envs an :class:`IsolatedVectorEnv` step restarted (all False for any other env's ``info``)."""
+    mask = info.get("_" + RESTART_KEY) if isinstance(info, dict) else None
+    return np.zeros(num_envs, bool) if mask is None else np.asarray(mask, bool)
+
 
 def _worker(conn, env_id: str, kwargs: dict, memory_limit: Optional[int], wrap=("none", False)) -> None:
     # runs in the child; ``wrap``: (env.preprocess, evaluation) for :func:`.atari.wrap`
@@ -198,6 +209,7 @@ class IsolatedVectorEnv:
                 except (BrokenPipeError, OSError):
                     pass  # noticed when collecting
         broken = []
+        restarted = np.zeros(n, bool)
         infos: dict = {}  # the sub-envs' infos, batched as gymnasium's vector envs do ("key" + "_key" mask)
         for i, w in enumerate(self._workers):
             if self._needs_reset[i]:  # NEXT_STEP autoreset (after an episode end or a restart)
@@ -219,11 +231,11 @@ class IsolatedVectorEnv:
                 w.proc.join(timeout=1)
                 failure = WorkerFailure("crash", f"worker process died (exit code {w.proc.exitcode})")
                 self._replace(i, failure)
-                obs[i], truncated[i] = self._last_obs[i], True
+                obs[i], truncated[i], restarted[i] = self._last_obs[i], True, True
                 continue
             except WorkerFailure as failure:
                 self._replace(i, failure)
-                obs[i], truncated[i] = self._last_obs[i], True
+                obs[i], truncated[i], restarted[i] = self._last_obs[i], True, True
                 continue
             o, r, term, trunc, info = payload
             if info:
@@ -234,6 +246,8 @@ class IsolatedVectorEnv:
                 self._needs_reset[i] = True
         if broken:
             self._give_up(broken)
+        if restarted.any():  # (no transition happened: the trainers keep this step out of what they learn from)
+            infos[RESTART_KEY], infos["_" + RESTART_KEY] = restarted.copy(), restarted
         return self._stack(obs), rewards, terminated, truncated, infos
 
     def close(self) -> None:

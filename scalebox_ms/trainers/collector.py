@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..envs.isolated import restarted
 from ..errors import ScaleboxError, TrainingError, first_line, user_code_origin
 
 
@@ -227,6 +228,7 @@ class RolloutCollector:
             terminated = np.asarray(terminated, bool) & valid
             truncated = np.asarray(truncated, bool) & valid
             done = terminated | truncated
+            valid = valid & ~restarted(info, N)  # (a restarted env worker's step: no transition to learn from)
             storage.rewards[t] = self._account_step(reward, done, valid, info)
             storage.obs[t] = obs
             storage.actions[t] = action
