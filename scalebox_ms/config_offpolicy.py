@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from .config_yaml import FLOAT32_MAX
+
+FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny: the smallest normal float32
 from .errors import ConfigError, short_repr
 
 ALGOS = ("ppo", "dqn", "sac", "td3")
@@ -162,12 +164,13 @@ def entropy_coefficient(value) -> tuple:
                 init = float(value[5:])
             except ValueError:
                 init = -1.0
-            if 0 < init <= FLOAT32_MAX:
-                return True, init
-        raise ConfigError(f"sac.ent_coef: expected 'auto', 'auto_<initial value>' or a number > 0, got "
+            if FLOAT32_TINY <= init <= FLOAT32_MAX:  # (its log is the learned float32 Parameter: 1e-50 is 0 there,
+                return True, init  # log -inf, and the temperature silently never moved)
+        raise ConfigError(f"sac.ent_coef: expected 'auto', 'auto_<initial value>' with a value in [1.2e-38, 3.4e38] "
+                          f"(normal in float32), or such a number, got {short_repr(value)}")
+    if not FLOAT32_TINY <= value <= FLOAT32_MAX:  # (the temperature is a float32 Parameter: 1e39 would be inf there)
+        raise ConfigError(f"sac.ent_coef: must be in [1.2e-38, 3.4e38] (> 0 and normal in float32), got "
                           f"{short_repr(value)}")
-    if not 0 < value <= FLOAT32_MAX:  # (the temperature is a float32 Parameter: 1e39 would be inf there)
-        raise ConfigError(f"sac.ent_coef: must be > 0 and finite in float32 (<= 3.4e38), got {short_repr(value)}")
     return False, float(value)
 
 

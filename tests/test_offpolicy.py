@@ -77,8 +77,12 @@ def test_algorithm_refuses_the_wrong_action_space(algo, env_id, what):
 
 # ---------------------------------------------------------------------- replay buffer
 @pytest.mark.parametrize("sac, culprit", [
-    ({"ent_coef": "auto_inf"}, "sac.ent_coef: expected 'auto', 'auto_<initial value>' or a number > 0"),
-    ({"ent_coef": "auto_1e39"}, "sac.ent_coef: expected 'auto', 'auto_<initial value>' or a number > 0"),
+    ({"ent_coef": "auto_inf"}, "sac.ent_coef: expected 'auto', 'auto_<initial value>' with a value in"),
+    ({"ent_coef": "auto_1e39"}, "sac.ent_coef: expected 'auto', 'auto_<initial value>' with a value in"),
+    # (0 in float32: its log, the learned Parameter, -inf; the temperature never moved, ent_coef_loss nan unnoticed)
+    ({"ent_coef": "auto_1e-50"}, r"sac.ent_coef: expected 'auto', 'auto_<initial value>' with a value in \[1.2e-38, "
+                                 r"3.4e38\] \(normal in float32\), or such a number, got 'auto_1e-50'$"),
+    ({"ent_coef": 1e-50}, r"sac.ent_coef: must be in \[1.2e-38, 3.4e38\] \(> 0 and normal in float32\), got 1e-50$"),
     ({"ent_coef": 1e39}, "sac.ent_coef: expected a number or a string"),
     ({"target_entropy": 1e39}, "sac.target_entropy: expected a number or a string"),
     ({"learning_rate": 1e39}, r"sac.learning_rate: expected a number finite in float32 \(\|x\| <= 3.4e38\)"),
