@@ -215,7 +215,7 @@ def check_off_policy(cfg) -> None:
     _check(par.micro_batch_size is None and par.gradient_accumulation == 1, "parallel.gradient_accumulation",
            f"applies to ppo only (algo {algo})")
     _check(par.pipeline_stages == 1, "parallel.pipeline_stages",
-           f"pipeline parallelism applies to ppo only (and there to Ascend), not algo {algo}")
+           f"scalebox_ms has no pipeline parallelism (algo {algo}); use parallel.workers for data parallelism")
 
 
 def space_refusal(algo: str, spec, env_id: str) -> Optional[str]:
@@ -224,6 +224,10 @@ def space_refusal(algo: str, spec, env_id: str) -> Optional[str]:
     names = {"discrete": "Discrete", "box": "Box", "multidiscrete": "MultiDiscrete", "multibinary": "MultiBinary"}
     has, needs = names[spec.action_kind], "Discrete" if algo == "dqn" else "Box"
     if has == needs:
+        if has == "Box" and not all(h - lo <= FLOAT32_MAX for lo, h in zip(spec.low, spec.high)):
+            return (f"algo: {algo} maps its actions in [-1, 1] onto the Box's bounds in float32, and {env_id}'s "
+                    "action space has high - low beyond float32's range (3.4e38): its actions would be inf; give the "
+                    "env an action space of narrower bounds")
         return None
     other = {"Discrete": "dqn or ppo", "Box": "sac or td3"}.get(has, "ppo")
     return f"algo: {algo} needs a {needs} action space; {env_id} has {has} actions (use {other})"

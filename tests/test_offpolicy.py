@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -73,6 +74,32 @@ def test_algorithm_refuses_the_wrong_action_space(algo, env_id, what):
 
     with pytest.raises(ConfigError, match=f"algo: {algo} needs a {what} action space"):
         make_trainer(Config.from_dict({"algo": algo, "env": {"id": env_id, "num_envs": 1}}))
+
+
+class _HugeBox(gym.Env):
+    """Pendulum-like observations; actions in a Box whose high - low (6.8e38) overflows float32."""
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-3.4e38, 3.4e38, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_an_action_box_wider_than_float32_is_refused(algo):
+    """The actor's [-1, 1] maps onto the bounds with 0.5 * (high - low) in float32: inf there, so the exported
+    MindIR and the native cycle gave inf actions where predict (float64) gave finite ones."""
+    from scalebox_ms.trainers import make_trainer
+
+    if "HugeBox-v0" not in gym.registry:
+        gym.register("HugeBox-v0", entry_point=_HugeBox, max_episode_steps=50)
+    with pytest.raises(ConfigError, match=rf"^algo: {algo} maps its actions in \[-1, 1\] onto the Box's bounds in "
+                                          r"float32, and HugeBox-v0's action space has high - low beyond"):
+        make_trainer(Config.from_dict({"algo": algo, "env": {"id": "HugeBox-v0", "num_envs": 1}}))
 
 
 # ---------------------------------------------------------------------- replay buffer
