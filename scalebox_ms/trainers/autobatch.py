@@ -68,9 +68,11 @@ def halve(batch: int, rollout: int, min_batch: int) -> Optional[int]:
     return None
 
 
-def probe(runner, tensors, scalars, B: int, timed_steps: int = 6):
-    """Time ``timed_steps`` optimizer steps of ``runner.step`` at each candidate size on this rollout, restoring
-    parameters and optimizer state after each probe. Returns (chosen size, the ``auto_batch`` record)."""
+def probe(runner, tensors, scalars, B: int, timed_steps: int = 6, warmup: int = 2):
+    """Time ``timed_steps`` optimizer steps of ``runner.step`` at each candidate size on this rollout, after
+    ``warmup`` untimed ones (the first compiles the shape, the next still run slower), restoring parameters and
+    optimizer state after each probe; a size's rate is from the median step, so one step slowed by the machine does
+    not decide. Returns (chosen size, the ``auto_batch`` record)."""
     import time
 
     import mindspore as ms
@@ -83,14 +85,15 @@ def probe(runner, tensors, scalars, B: int, timed_steps: int = 6):
     for b in candidate_sizes(B, p.min_batch, p.max_batch):
         row = {"batch_size": b, "est_bytes": estimate_bytes(b, runner.obs_dim, runner.hidden)}
         try:
-            idx = [ms.Tensor(probe_rng.permutation(B)[:b].astype(np.int32)) for _ in range(timed_steps + 1)]
-            runner.step(*tensors, idx[0], *scalars).asnumpy()  # compiles this shape
-            t0 = time.perf_counter()
-            for i in range(1, timed_steps + 1):
-                out = runner.step(*tensors, idx[i], *scalars)
-            out.asnumpy()
-            dt = time.perf_counter() - t0
-            row.update(status="ok", step_ms=1000 * dt / timed_steps, samples_per_s=timed_steps * b / dt)
+            idx = [ms.Tensor(probe_rng.permutation(B)[:b].astype(np.int32)) for _ in range(warmup + timed_steps)]
+            times = []
+            for i, ix in enumerate(idx):  # (the first call compiles this shape)
+                t0 = time.perf_counter()
+                runner.step(*tensors, ix, *scalars).asnumpy()
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+            dt = float(np.median(times))
+            row.update(status="ok", step_ms=1000 * dt, samples_per_s=b / dt)
         except Exception as exc:
             if not is_oom_error(exc):
                 raise
