@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from .config_yaml import FLOAT32_MAX
-
-FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny: the smallest normal float32
 from .errors import ConfigError, short_repr
 
 ALGOS = ("ppo", "dqn", "sac", "td3")
@@ -33,6 +31,10 @@ POLICY_DEFAULTS = {
     "sac": {"pi_layers": [256, 256], "vf_layers": [256, 256], "activation": "relu", "ortho_init": False},
     "td3": {"pi_layers": [400, 300], "vf_layers": [400, 300], "activation": "relu", "ortho_init": False},
 }
+
+FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny: the smallest normal float32
+#: the largest temperature (sac.ent_coef) whose float32 log maps back to a finite float32 (3.4e38 gives inf)
+ENT_COEF_MAX = 1e38
 
 
 @dataclass
@@ -164,12 +166,12 @@ def entropy_coefficient(value) -> tuple:
                 init = float(value[5:])
             except ValueError:
                 init = -1.0
-            if FLOAT32_TINY <= init <= FLOAT32_MAX:  # (its log is the learned float32 Parameter: 1e-50 is 0 there,
+            if FLOAT32_TINY <= init <= ENT_COEF_MAX:  # (its log is the learned float32 Parameter: 1e-50 is 0 there,
                 return True, init  # log -inf, and the temperature silently never moved)
-        raise ConfigError(f"sac.ent_coef: expected 'auto', 'auto_<initial value>' with a value in [1.2e-38, 3.4e38] "
-                          f"(normal in float32), or such a number, got {short_repr(value)}")
-    if not FLOAT32_TINY <= value <= FLOAT32_MAX:  # (the temperature is a float32 Parameter: 1e39 would be inf there)
-        raise ConfigError(f"sac.ent_coef: must be in [1.2e-38, 3.4e38] (> 0 and normal in float32), got "
+        raise ConfigError(f"sac.ent_coef: expected 'auto', 'auto_<initial value>' with a value in [1.2e-38, 1e38] "
+                          f"(its float32 log finite both ways), or such a number, got {short_repr(value)}")
+    if not FLOAT32_TINY <= value <= ENT_COEF_MAX:  # (the temperature enters as float32 log: 1e39 would be inf there)
+        raise ConfigError(f"sac.ent_coef: must be in [1.2e-38, 1e38] (its float32 log finite both ways), got "
                           f"{short_repr(value)}")
     return False, float(value)
 

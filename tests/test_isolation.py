@@ -99,6 +99,24 @@ def test_a_restarted_workers_step_is_no_transition_for_ppo_or_the_replay_buffer(
         assert (rewards[valid] == 1.0).all()
     finally:
         tr.close()
+    # an env of one's own whose info happens to carry such a key is not taken for restarted (in-process envs never are)
+    import gymnasium as gym
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    class Infos(CartPoleEnv):
+        def step(self, action):
+            obs, reward, terminated, truncated, _ = super().step(action)
+            return obs, reward, terminated, truncated, {"env_restart": True, "restarted": True}
+
+    if "InfoCartPole-v0" not in gym.registry:
+        gym.register("InfoCartPole-v0", entry_point=Infos, max_episode_steps=500)
+    seen.clear()
+    plain = PPOTrainer(small_config(env={"id": "InfoCartPole-v0", "num_envs": 2}, ppo={"batch_size": 16}))
+    try:
+        plain.learn(until=32)
+        assert seen[0][2].sum() >= 30  # (all valid but autoreset steps after an episode's end)
+    finally:
+        plain.close()
     cfg = Config.from_dict({"algo": "dqn", "env": {"id": "faulty_envs:CrashingCartPole-v0", "num_envs": 2},
                             "dqn": {"train_freq": 16, "gradient_steps": 1, "batch_size": 16, "learning_starts": 1000,
                                     "buffer_size": 1000},

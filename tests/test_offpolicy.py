@@ -108,8 +108,10 @@ def test_an_action_box_wider_than_float32_is_refused(algo):
     ({"ent_coef": "auto_1e39"}, "sac.ent_coef: expected 'auto', 'auto_<initial value>' with a value in"),
     # (0 in float32: its log, the learned Parameter, -inf; the temperature never moved, ent_coef_loss nan unnoticed)
     ({"ent_coef": "auto_1e-50"}, r"sac.ent_coef: expected 'auto', 'auto_<initial value>' with a value in \[1.2e-38, "
-                                 r"3.4e38\] \(normal in float32\), or such a number, got 'auto_1e-50'$"),
-    ({"ent_coef": 1e-50}, r"sac.ent_coef: must be in \[1.2e-38, 3.4e38\] \(> 0 and normal in float32\), got 1e-50$"),
+                                 r"1e38\] \(its float32 log finite both ways\), or such a number, got 'auto_1e-50'$"),
+    ({"ent_coef": 1e-50}, r"sac.ent_coef: must be in \[1.2e-38, 1e38\] \(its float32 log finite both ways\), got "
+                          r"1e-50$"),
+    ({"ent_coef": 3.4e38}, r"sac.ent_coef: must be in \[1.2e-38, 1e38\]"),  # (exp(float32 log) of it: inf)
     ({"ent_coef": 1e39}, "sac.ent_coef: expected a number or a string"),
     ({"target_entropy": 1e39}, "sac.target_entropy: expected a number or a string"),
     ({"learning_rate": 1e39}, r"sac.learning_rate: expected a number finite in float32 \(\|x\| <= 3.4e38\)"),

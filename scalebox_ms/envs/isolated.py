@@ -34,16 +34,12 @@ from ..cli_common import sigint_routing_kept
 
 log = logging.getLogger("scalebox_ms")
 
-#: ``info`` key (gymnasium's vector layout: the value and a ``_``-prefixed mask) marking the sub-envs whose worker was
-#: restarted at this step: their step is reported truncated with reward 0 and the previous observation, which is
-#: no transition the env made
-RESTART_KEY = "env_restart"
-
-
-def restarted(info, num_envs: int) -> np.ndarray:
-    """The sub-envs an :class:`IsolatedVectorEnv` step restarted (all False for any other env's ``info``)."""
-    mask = info.get("_" + RESTART_KEY) if isinstance(info, dict) else None
-    return np.zeros(num_envs, bool) if mask is None else np.asarray(mask, bool)
+def restarted(env, num_envs: int) -> np.ndarray:
+    """The sub-envs whose worker the last ``step`` of ``env`` restarted (:attr:`IsolatedVectorEnv.restarted`; all
+    False for any other env): that step is reported truncated with reward 0 and the previous observation, which is
+    no transition the env made."""
+    mask = getattr(env, "restarted", None) if isinstance(env, IsolatedVectorEnv) else None
+    return np.zeros(num_envs, bool) if mask is None else mask
 
 
 def _worker(conn, env_id: str, kwargs: dict, memory_limit: Optional[int], wrap=("none", False)) -> None:
@@ -139,6 +135,8 @@ class IsolatedVectorEnv:
         self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
         self._ctx = mp.get_context("spawn")
         self.events: List[dict] = []
+        #: the sub-envs whose worker the last step restarted (see :func:`restarted`)
+        self.restarted = np.zeros(self.num_envs, bool)
         self._workers = [self._start() for _ in range(self.num_envs)]
         obs_space, act_space = self._workers[0].call("spaces", None, self.start_timeout)
         self.single_observation_space, self.single_action_space = obs_space, act_space
@@ -246,8 +244,7 @@ class IsolatedVectorEnv:
                 self._needs_reset[i] = True
         if broken:
             self._give_up(broken)
-        if restarted.any():  # (no transition happened: the trainers keep this step out of what they learn from)
-            infos[RESTART_KEY], infos["_" + RESTART_KEY] = restarted.copy(), restarted
+        self.restarted = restarted  # (no transition happened: the trainers keep this step out of what they learn from)
         return self._stack(obs), rewards, terminated, truncated, infos
 
     def close(self) -> None:

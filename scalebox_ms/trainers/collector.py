@@ -228,7 +228,7 @@ class RolloutCollector:
             terminated = np.asarray(terminated, bool) & valid
             truncated = np.asarray(truncated, bool) & valid
             done = terminated | truncated
-            valid = valid & ~restarted(info, N)  # (a restarted env worker's step: no transition to learn from)
+            valid = valid & ~restarted(self.env, N)  # (a restarted env worker's step: no transition to learn from)
             storage.rewards[t] = self._account_step(reward, done, valid, info)
             storage.obs[t] = obs
             storage.actions[t] = action
