@@ -97,6 +97,7 @@ def test_a_restarted_workers_step_is_no_transition_for_ppo_or_the_replay_buffer(
         rewards, truncated, valid = seen[0]
         assert truncated.sum() >= 4 and not valid[truncated].any()  # the restart steps (no real truncation here)
         assert (rewards[valid] == 1.0).all()
+        assert tr.collector.episodes == 0  # (the fragments cut by restarts are no episodes, as in evaluation)
     finally:
         tr.close()
     # an env of one's own whose info happens to carry such a key is not taken for restarted (in-process envs never are)

@@ -228,8 +228,9 @@ class RolloutCollector:
             terminated = np.asarray(terminated, bool) & valid
             truncated = np.asarray(truncated, bool) & valid
             done = terminated | truncated
-            valid = valid & ~restarted(self.env, N)  # (a restarted env worker's step: no transition to learn from)
-            storage.rewards[t] = self._account_step(reward, done, valid, info)
+            cut = restarted(self.env, N)  # (a restarted env worker's step: no transition to learn from)
+            valid = valid & ~cut
+            storage.rewards[t] = self._account_step(reward, done, valid, info, cut)
             storage.obs[t] = obs
             storage.actions[t] = action
             storage.log_probs[t] = log_prob
@@ -242,9 +243,11 @@ class RolloutCollector:
             self.valid = ~done
         return t_act, t_env
 
-    def _account_step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray, info=None) -> np.ndarray:
+    def _account_step(self, reward: np.ndarray, done: np.ndarray, valid: np.ndarray, info=None,
+                      cut=None) -> np.ndarray:
         """Episode statistics (raw rewards; Atari: whole games from ``info``) and the training reward (scaled if
-        configured, 0 on autoreset steps)."""
+        configured, 0 on autoreset steps). Episodes ended by ``cut`` (a restarted env worker) are not counted: their
+        return is a fragment (as evaluation discards them)."""
         self.ep_return += np.where(valid, reward, 0.0)
         self.ep_length += valid
         if self.game_stats:
@@ -254,7 +257,7 @@ class RolloutCollector:
                 self.episode_lengths.append(int(info["game_length"][i]))
                 self.episodes += 1
         else:
-            for i in np.flatnonzero(done):
+            for i in np.flatnonzero(done if cut is None else done & ~cut):
                 self.episode_returns.append(float(self.ep_return[i]))
                 self.episode_lengths.append(int(self.ep_length[i]))
                 self.episodes += 1

@@ -39,8 +39,9 @@ def collect_phase(trainer, rng, clock):
         reward = np.asarray(reward, np.float64)
         terminated = np.asarray(terminated, bool) & valid
         done = terminated | (np.asarray(truncated, bool) & valid)
-        valid = valid & ~restarted(c.env, N)  # (a restarted env worker's step is no transition: not stored)
-        c._account_step(reward, done, valid, info)
+        cut = restarted(c.env, N)  # (a restarted env worker's step is no transition: not stored)
+        valid = valid & ~cut
+        c._account_step(reward, done, valid, info, cut)
         obs_b[t], next_b[t], act_b[t] = c.raw_obs, raw, buf_a
         rew_b[t], term_b[t], valid_b[t] = reward, terminated, valid
         c.raw_obs = raw
