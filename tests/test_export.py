@@ -392,6 +392,10 @@ def test_mindir_policy_refuses_observations_outside_a_dict_space_in_one_line():
             policy({**batch, **change})
     with pytest.raises(ValueError, match=r"^MindIRPolicy: observation part pos is missing"):
         policy({"flag": 1, "frame": frame})
+    # a part the space has not (it was dropped without a word; gymnasium's contains refuses it)
+    with pytest.raises(ValueError, match=r"^MindIRPolicy: observation part speed is not in the env's observation "
+                                         r"space \(Dict\("):
+        policy({**batch, "speed": np.zeros(4)})
     with pytest.raises(ValueError, match=r"^MindIRPolicy: an empty batch"):
         policy({k: v[:0] for k, v in batch.items()})
 

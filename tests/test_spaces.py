@@ -619,6 +619,11 @@ def test_predict_and_normalize_obs_take_one_observation_or_a_batch():
             blackjack.predict(np.zeros((3, 3), np.int64))
         with pytest.raises(ValueError, match=r"^predict: an array of shape \(4, 2\) for a Tuple of 3 scalar parts"):
             blackjack.predict(np.zeros((4, 2), np.int64))
+        # a fourth part, which the space has not, was dropped without a word (even None, or another batch size)
+        for extra in ((14, 10, 0, None), (*parts, np.array([1, 2, 3]))):
+            with pytest.raises(ValueError, match=r"^predict: observation part 3 is not in the env's observation space "
+                                                 r"\(Tuple\(Discrete\(32\), Discrete\(11\), Discrete\(2\)\)\)$"):
+                blackjack.predict(extra)
     finally:
         box.close()
         blackjack.close()

@@ -176,7 +176,12 @@ class ObsEncoder:
 
     def check_shapes(self, obs, single: bool, what: str = "predict") -> None:
         """A ValueError naming the part (Dict key / Tuple index) of ``obs`` that is missing or whose shape is not the
-        observation space's (one observation, or a batch ``(N, *shape)`` when not ``single``)."""
+        observation space's (one observation, or a batch ``(N, *shape)`` when not ``single``), or that the space has
+        not (a Dict key or Tuple index more: gymnasium's ``contains`` refuses it, and it was silently dropped)."""
+        extra = _extra_part(self.space, obs)
+        if extra is not None:
+            raise ValueError(f"{what}: observation part {'.'.join(map(str, extra))} is not in the env's observation "
+                             f"space ({' '.join(str(self.space).split())})")
         sizes = {}
         for leaf in self.leaves:
             part = "observation" if not leaf.path else f"observation part {leaf.name}"
@@ -354,6 +359,28 @@ def check_finite(x: np.ndarray, what: str, single: bool, part: str = "observatio
         row = int(np.argwhere(~np.isfinite(x.reshape(len(x), -1)))[0][0])
         raise ValueError(f"{what}: the {part}{'' if single else f' at index {row}'} is not finite as float32 (NaN, "
                          "infinity, or beyond +-3.4e38)")
+
+
+def _extra_part(space, obs, path=()) -> Optional[tuple]:
+    """The path of a part of ``obs`` (a Dict key, a Tuple index) that ``space`` does not have, or None."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict) and isinstance(obs, dict):
+        for key in obs:
+            if key not in space.spaces:
+                return path + (key,)
+        parts = [(k, sub) for k, sub in space.spaces.items() if k in obs]
+    elif isinstance(space, spaces.Tuple) and isinstance(obs, (tuple, list)):
+        if len(obs) > len(space.spaces):
+            return path + (len(space.spaces),)
+        parts = list(enumerate(space.spaces))[:len(obs)]
+    else:
+        return None
+    for key, sub in parts:
+        found = _extra_part(sub, obs[key], path + (key,))
+        if found is not None:
+            return found
+    return None
 
 
 def _batch_of_one(obs):
