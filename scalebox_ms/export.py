@@ -214,8 +214,10 @@ def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:
             # encoded Dict/Tuple/Discrete observations: only the Box columns (mask true) are normalised
             "mask": None if trainer.obs_normalizer.mask is None else trainer.obs_normalizer.mask.tolist()},
         "quantization": quant_info,
-        # the graph's arithmetic: amp.level O1-O3 runs the casts the trained model had (fp16/bf16 matmuls)
-        "amp": {"level": cfg.amp.level, "dtype": cfg.amp.dtype if cfg.amp.level != "O0" else None},
+        # the graph's arithmetic: amp.level O1-O3 runs the casts the trained model had (fp16/bf16 matmuls); an INT8
+        # file's layers (QuantDense/QuantConv) dequantise and compute in float32 whatever the training's amp was
+        "amp": ({"level": cfg.amp.level, "dtype": cfg.amp.dtype if cfg.amp.level != "O0" else None}
+                if quant_info is None else {"level": "O0", "dtype": None}),
         "algo": cfg.algo,
         "global_step": trainer.global_step,
         "param_sha256": trainer.parameters_sha256(),
@@ -386,6 +388,8 @@ def main(argv=None) -> int:
         if not args.int8 and (args.quant_level or args.activation_calibration):
             raise ConfigError("--quant-level/--activation-calibration need --int8")
         level = args.quant_level or "L1"
+        if args.activation_calibration and level != "L2":  # (it would be ignored: L1 keeps activations float)
+            raise ConfigError("--activation-calibration: only with --quant-level L2 (L1 quantizes weights only)")
         calib = args.activation_calibration or "minmax"
         if args.percentile is not None and calib != "percentile":  # (it would be ignored)
             raise ConfigError("--percentile: only with --int8 --activation-calibration percentile")

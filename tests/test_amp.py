@@ -184,5 +184,8 @@ def test_the_export_sidecar_records_the_amp_level_its_graph_computes_in(tmp_path
         assert sidecar["amp"] == {"level": "O2", "dtype": "float16"}
         obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
         np.testing.assert_array_equal(MindIRPolicy(str(tmp_path / "amp.mindir"))(obs), tr.predict(obs))
+        tr.learn(until=64)  # (INT8 calibration needs a trained policy)
+        int8 = export_mindir(tr, str(tmp_path / "amp_int8.mindir"), int8=True, calibrate_steps=32)
+        assert int8["amp"] == {"level": "O0", "dtype": None}  # (QuantDense computes in float32: not O2/float16)
     finally:
         tr.close()

@@ -202,6 +202,8 @@ def tiny_run(tmp_path_factory):
     (["--int8", "--quant-level", "L9"], "--quant-level"),
     (["--percentile", "50"], "--percentile: only with --int8 --activation-calibration percentile"),
     (["--int8", "--percentile", "99"], "--percentile: only with"),  # (minmax calibration: it was ignored)
+    (["--int8", "--activation-calibration", "percentile"],  # (L1: activations stay float; it was ignored)
+     "--activation-calibration: only with --quant-level L2"),
 ])
 @pytest.mark.integration
 def test_export_bad_input(tiny_run, args, culprit):
