@@ -34,6 +34,7 @@ from ..cli_common import sigint_routing_kept
 
 log = logging.getLogger("scalebox_ms")
 
+
 def restarted(env, num_envs: int) -> np.ndarray:
     """The sub-envs whose worker the last ``step`` of ``env`` restarted (:attr:`IsolatedVectorEnv.restarted`; all
     False for any other env): that step is reported truncated with reward 0 and the previous observation, which is
