@@ -206,6 +206,9 @@ def _check_parallel(cfg: Config) -> None:
     if w > 1:
         _check(e.num_envs % w == 0, "env.num_envs", f"({e.num_envs}) must be divisible by parallel.workers ({w})")
         _check(o.batch_size != "auto", "ppo.batch_size", "'auto' is not supported with parallel.workers > 1")
+        # (the trainer's own check came ~12 s after msrun had started the ranks: known before any of them starts)
+        _check(o.update_kernel != "custom", "ppo.update_kernel",
+               "custom cannot run with data parallelism (the kernel has no all-reduce); use builtin or auto")
     if isinstance(o.batch_size, int):
         _check(o.batch_size % w == 0, "ppo.batch_size", f"({o.batch_size}) must be divisible by parallel.workers ({w})")
         per_rank = o.batch_size // w

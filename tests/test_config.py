@@ -318,6 +318,20 @@ def test_amp_arguments_get_the_config_checks(kwargs, culprit):
     assert str(exc.value).startswith(culprit)
 
 
+@pytest.mark.integration
+def test_the_cpp_update_kernel_with_workers_is_refused_before_msrun_starts(tmp_path):
+    """The trainer refused ppo.update_kernel custom with data parallelism, but only ~12 s after msrun had started
+    both ranks; the config alone says so."""
+    with pytest.raises(ConfigError, match=r"^ppo.update_kernel: custom cannot run with data parallelism"):
+        Config.from_dict({"env": {"num_envs": 8}, "parallel": {"workers": 2}, "ppo": {"update_kernel": "custom"}})
+    Config.from_dict({"env": {"num_envs": 8}, "parallel": {"workers": 2}, "ppo": {"update_kernel": "auto"}})
+    r = run_module("train", "--workers", "2", "--set", "ppo.update_kernel=custom", "--run-dir", tmp_path / "run",
+                   "--no-progress", timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == ("error: ppo.update_kernel: custom cannot run with data "
+                                                      "parallelism (the kernel has no all-reduce); use builtin or auto")
+    assert not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------- image observations known from the env id (ale-py)
 @pytest.mark.parametrize("data, culprit", [
     ({"env": {"id": "ALE/Breakout-v5", "num_envs": 8}, "parallel": {"workers": 2}}, "parallel.workers"),
