@@ -306,7 +306,8 @@ class MindIRPolicy:
     def _encoder(self):
         """The ObsEncoder of the observation space the sidecar describes (its checks of observations)."""
         if getattr(self, "_obs_encoder", None) is None:
-            from .envs.obs_encoding import LEAF_KINDS, ObsEncoder, space_of_inputs
+            from .envs.exported_space import space_of_inputs
+            from .envs.obs_encoding import LEAF_KINDS, ObsEncoder
 
             inp = self.sidecar["input"]
             if inp.get("leaves") is not None and not all(
