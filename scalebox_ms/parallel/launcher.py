@@ -40,8 +40,8 @@ import time
 from typing import Dict, List, Optional
 
 from ..errors import Interrupted
+from .msrun_output import LAUNCHER_LOG, RANK_PID_DIR, Console, how_it_ended, worker_error
 
-RANK_PID_DIR = "msrun"
 #: a worker prints the Python stack of each of its threads into its log on this signal (``faulthandler``)
 STACK_SIGNAL = signal.SIGUSR1
 _beat_marker: Optional[str] = None  # (in a worker: its rank_<r>.beat, touched by beat())
@@ -86,6 +86,7 @@ def write_rank_pid(run_dir: str, rank: int) -> None:
     open(alive, "w").close()  # renamed to rank_<r>.exit at exit: a rename needs no free space (a full disk)
     _beat_marker = os.path.join(d, f"rank_{rank}.beat")
     faulthandler.register(STACK_SIGNAL, all_threads=True)  # (to sys.stderr: msrun's worker_<r>.log)
+    faulthandler.enable(all_threads=True)  # a crash (SIGSEGV, SIGABRT) prints the Python stacks into the log too
     os.replace(tmp, os.path.join(d, f"rank_{rank}.pid"))
 
     def exited():
@@ -223,9 +224,6 @@ def _stop_job_now(proc, grace: float) -> None:
                 pass
 
 
-#: msrun's own output (its lines and rank 0's log), all of it, in the log directory: the console shows only part
-LAUNCHER_LOG = "launcher.log"
-
 EXCEPTION_GRACE_S = 3.0  # after msrun reports a worker's exception, how long it may take to end the job itself
 
 
@@ -259,20 +257,6 @@ def _watch(proc, log_dir: str, found: list, hung: list, hang_timeout: float = 0.
 
 def _rank_of_pid(run_dir: str, pid: int) -> Optional[int]:
     return next((rank for rank, p in _rank_pids(os.path.join(run_dir, RANK_PID_DIR)).items() if p == pid), None)
-
-
-def _worker_error(run_dir: str) -> Optional[str]:
-    """The first one-line ``error: ...`` a worker printed (rank order), if any."""
-    for path in sorted(glob.glob(os.path.join(run_dir, RANK_PID_DIR, "worker_*.log"))):
-        try:
-            with open(path, errors="replace") as f:
-                for line in f:
-                    if line.startswith("error: "):
-                        rank = re.search(r"worker_(\d+)\.log$", path)
-                        return f"rank {rank.group(1) if rank else '?'}: {line[len('error: '):].strip()}"
-        except OSError:
-            continue
-    return None
 
 
 def _default_sigint() -> None:
@@ -338,8 +322,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     # (before msrun exists)
     old = {s: signal.signal(s, _terminated) for s in _stopping_signals()} if main else {}
     proc = None
-    console = _Console(os.path.join(log_dir, LAUNCHER_LOG))
-    dead_pid = None
+    console = Console(os.path.join(log_dir, LAUNCHER_LOG))
+    dead_pid = dead_code = None
     died: list = []  # (filled by the watcher thread)
     hung: list = []  # (rank, pid, seconds silent) of a job stopped as hung (filled by the watcher thread)
     try:
@@ -347,15 +331,16 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
                                 errors="replace", start_new_session=True, preexec_fn=_default_sigint)
         threading.Thread(target=_watch, args=(proc, log_dir, died, hung, hang_timeout), daemon=True).start()
         for line in proc.stdout:
-            m = re.search(r"Worker process (\d+) exit with exception", line)
+            m = re.search(r"Worker process (\d+) exit with exception(?:\. Error code: (-?\d+))?", line)
             if m and dead_pid is None:
                 dead_pid = int(m.group(1))
+                dead_code = int(m.group(2)) if m.group(2) else None
                 # a worker that failed before the cluster formed (a check in the trainer's constructor): msrun would
                 # wait out its cluster_time_out for it (parallel.timeout); after a moment for its own clean-up,
                 # stop the job
                 threading.Thread(target=_stop_unless_ended, args=(proc, EXCEPTION_GRACE_S), daemon=True).start()
-            if console.show(line):
-                stream.write(line)
+            stream.writelines(console.shown(line))
+        stream.writelines(console.shown(None))
         rc = proc.wait()
     except BaseException:  # Ctrl-C, SIGTERM/SIGHUP (_terminated: exit 130 / 143 / 129), or a broken stderr pipe:
         if main:           # no job is left running without its launcher (a second signal must not cut it short)
@@ -373,7 +358,16 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     if rc == 0 and not died and not hung and dead_pid is None:  # (msrun stopped by us after an exception: rc 0)
         stream.writelines(console.held)
         return 0
-    message = None if hung else _worker_error(run_dir)
+    message = None if hung else worker_error(run_dir)
+    if not hung and message is None and dead_pid is not None and dead_code is not None and dead_code < 0:
+        ended = _crash_after_the_run(run_dir, t0, dead_pid)
+        if ended is not None:  # (MindSpore's shutdown, after rank 0 wrote the run's summary: nothing is lost)
+            rank = _rank_of_pid(run_dir, dead_pid)
+            sys.stderr.write(f"warning: rank {rank} (pid {dead_pid}) {how_it_ended(dead_code)} in MindSpore's "
+                             f"shutdown, after the run had ended ({ended}; summary.json written); msrun reported "
+                             f"the job failed, but nothing of the run is missing (logs: {log_dir})\n")
+            stream.writelines(console.held)
+            return 0
     code = 2 if message else 1
     if hung:
         ages = ", ".join(f"rank {r} (pid {p}): {age:.0f} s" for r, p, age in hung)
@@ -387,8 +381,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
         who = " and ".join(f"rank {r} (pid {p})" if r is not None else f"pid {p}"
                            for p, r in ((p, _rank_of_pid(run_dir, p)) for p in pids)) or "a worker"
         stopper = "the launcher" if died else "msrun"
-        message = (f"data-parallel job failed after {time.time() - t0:.0f} s: {who} exited abnormally, {stopper} "
-                   f"stopped the other workers (logs: {log_dir})")
+        message = (f"data-parallel job failed after {time.time() - t0:.0f} s: {who} {how_it_ended(dead_code)}, "
+                   f"{stopper} stopped the other workers (logs: {log_dir})")
     ckpts = glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.json"))
     if created and not ckpts:
         shutil.rmtree(run_dir, ignore_errors=True)  # nothing worth keeping: leave no half-made run behind
@@ -396,34 +390,26 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     return code
 
 
-class _Console:
-    """What of msrun's output (its own lines and rank 0's log, ``--tail_worker_log=0``) reaches the console: a
-    failed job ends in the launcher's one-line ``error:``, so the lines it summarises go to ``launcher.log`` in
-    the log directory instead (with every other line msrun printed). Hidden: msrun's INFO/WARNING chatter, its
-    report of a worker's exit, the Python stacks a hang dump prints (the message points to them), and a rank's own
-    ``error:`` line (held back: the launcher repeats it naming the rank; shown as it is only if the job still
-    succeeds)."""
+#: summary.json statuses of a run that ended by itself (an interrupted one was stopped by a signal)
+_ENDED = ("completed", "solved", "paused")
 
-    STACK = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 
-    def __init__(self, log_path: str):
-        self.held: List[str] = []
-        self._in_stack = False
-        self._log = open(log_path, "a", encoding="utf-8", errors="replace")
+def _crash_after_the_run(run_dir: str, since: float, pid: int) -> Optional[str]:
+    """The status of the run when the worker ``pid`` crashed only after it had passed through Python's exit
+    (``rank_<r>.exit``: all its work done) and rank 0 had written this job's summary.json (modified at or after
+    ``since``, the launch) with a status of a run that ended by itself; else None. MindSpore 2.10's shutdown of a
+    worker (the cluster's finalisation) was seen to die of SIGSEGV there, once in a while, on a busy machine."""
+    rank = _rank_of_pid(run_dir, pid)
+    if rank is None or not os.path.exists(os.path.join(run_dir, RANK_PID_DIR, f"rank_{rank}.exit")):
+        return None
+    path = os.path.join(run_dir, "summary.json")
+    try:
+        if os.stat(path).st_mtime < since:
+            return None  # (a previous launch's)
+        import json
 
-    def show(self, line: str) -> bool:
-        self._log.write(line)
-        if self._in_stack and (line.startswith("  File ") or not line.strip()):
-            return False
-        self._in_stack = bool(self.STACK.match(line))
-        if (self._in_stack or re.match(r"^\[(INFO|WARNING|DEBUG)\]", line) or "Start scheduler process" in line
-                or "Start worker process with rank id" in line
-                or re.search(r"Worker process \d+ exit with exception", line)):
-            return False
-        if line.startswith("error: "):
-            self.held.append(line)
-            return False
-        return True
-
-    def close(self) -> None:
-        self._log.close()
+        with open(path, encoding="utf-8") as f:
+            status = json.load(f).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return status if status in _ENDED else None
