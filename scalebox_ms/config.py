@@ -178,7 +178,7 @@ class ParallelConfig:
     gradient_accumulation: int = 1
     #: alternatively the micro-batch size (per rank); must divide the per-rank minibatch
     micro_batch_size: Optional[int] = None
-    #: > 1: MindSpore pipeline parallelism (Ascend/GPU only; refused on CPU)
+    #: 1 only: scalebox_ms has no pipeline parallelism (> 1 is refused on every device)
     pipeline_stages: int = 1
     #: seconds to wait for the other ranks before the job is declared failed
     timeout: float = 300.0

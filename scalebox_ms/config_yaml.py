@@ -1,6 +1,6 @@
 """Reading config YAML safely, and mapping its values onto the typed config sections.
 
-:func:`load_yaml` is ``yaml.safe_load`` with two refusals, for config files and ``--set`` values alike:
+:func:`load_yaml` is ``yaml.safe_load`` with three refusals, for config files and ``--set`` values alike:
 
 * **Duplicate keys.** YAML parsers keep the last of two equal keys in a mapping (``env: {id: A, id: B}`` is
   ``B``; a section written twice loses the first one). Here any repeated key is a :class:`ConfigError` naming
@@ -9,8 +9,8 @@
   be overridden, as YAML intends.
 * **Alias bombs.** Anchors and aliases (``&a`` / ``*a``) may be used, but a document may expand to at most
   :data:`MAX_NODES` nodes, counting an aliased node in full at every use (so the few hundred bytes of a
-  "billion laughs" file that expand to 10^9 strings are refused), may nest at most :data:`MAX_DEPTH` levels,
-  and may not contain itself (a recursive alias). The count runs on the composed node graph, each node visited
+  "billion laughs" file that expand to 10^9 strings are refused), and may not contain itself (a recursive alias).
+* **Deep nesting.** A document may nest at most :data:`MAX_DEPTH` levels. The count runs on the composed node graph, each node visited
   once, before any value is built: refusal costs time linear in the file's size.
 """
 from __future__ import annotations
