@@ -100,6 +100,24 @@ def test_a_restarted_workers_step_is_no_transition_for_ppo_or_the_replay_buffer(
         assert tr.collector.episodes == 0  # (the fragments cut by restarts are no episodes, as in evaluation)
     finally:
         tr.close()
+    # nor does its repeated observation count in env.normalize_obs' statistics (PPO and the off-policy collector)
+    for algo in ("ppo", "dqn"):
+        cfg = Config.from_dict({"algo": algo, "env": {"id": "faulty_envs:CrashingCartPole-v0", "num_envs": 2,
+                                                      "normalize_obs": True},
+                                "sandbox": {"isolation_level": "process"}, "run": {"total_steps": 64, "progress": False},
+                                **({"ppo": {"n_steps": 16, "batch_size": 16}} if algo == "ppo" else
+                                   {"dqn": {"train_freq": 16, "learning_starts": 1000, "buffer_size": 1000}})})
+        tr = make_trainer(cfg)
+        try:
+            tr.learn(until=0)  # (the first reset's observations)
+            before = tr.collector.obs_normalizer.rms.count
+            tr.learn(until=32)  # 16 steps of 2 envs: one PPO rollout, one off-policy training phase
+            assert tr.global_step == 32
+            restarts = len(tr.env.events)
+            assert restarts >= 4, algo
+            assert tr.collector.obs_normalizer.rms.count - before == pytest.approx(32 - restarts), algo
+        finally:
+            tr.close()
     # an env of one's own whose info happens to carry such a key is not taken for restarted (in-process envs never are)
     import gymnasium as gym
     from gymnasium.envs.classic_control.cartpole import CartPoleEnv

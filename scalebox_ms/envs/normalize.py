@@ -80,9 +80,10 @@ class ObsNormalizer:
         self.clip, self.epsilon = float(clip), float(epsilon)
         self.mask = None if mask is None or np.all(mask) else np.asarray(mask, bool)
 
-    def __call__(self, obs: np.ndarray, update: bool = True) -> np.ndarray:
+    def __call__(self, obs: np.ndarray, update: bool = True, rows=None) -> np.ndarray:
+        """Normalise ``obs``; with ``update``, the statistics take in its ``rows`` first (bool mask; None: all)."""
         if update:
-            self.rms.update(obs)
+            self.rms.update(obs if rows is None else obs[rows])
         out = np.clip((obs - self.rms.mean) / np.sqrt(self.rms.var + self.epsilon), -self.clip, self.clip)
         if self.mask is not None:
             out = np.where(self.mask, out, obs)

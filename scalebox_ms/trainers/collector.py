@@ -84,14 +84,15 @@ class RolloutCollector:
         ``what``: the caller that passed ``obs``, blamed instead of the env for a value outside the space)."""
         return self.encoder.encode(obs, what)
 
-    def normalize_obs(self, obs: np.ndarray, update: bool = False) -> np.ndarray:
-        """Normalise an encoded (batch, obs_dim) batch (unchanged without ``env.normalize_obs``, and images)."""
+    def normalize_obs(self, obs: np.ndarray, update: bool = False, rows=None) -> np.ndarray:
+        """Normalise an encoded (batch, obs_dim) batch (unchanged without ``env.normalize_obs``, and images); with
+        ``update``, its ``rows`` (bool mask; None: all) update the statistics first."""
         if self.spec.image:
             return obs
         obs = np.asarray(obs, np.float32).reshape(obs.shape[0], -1)
         if self.obs_normalizer is None:
             return obs
-        return self.obs_normalizer(obs, update=update)
+        return self.obs_normalizer(obs, update=update, rows=rows)
 
     def normalizer_inputs(self):
         """(mean, 1 / std, clip) float32 for :func:`scalebox_ms.ops.clip.normalize_obs` in a graph, the same rule as
@@ -239,7 +240,8 @@ class RolloutCollector:
             storage.truncated[t] = truncated
             storage.valid[t] = valid
 
-            self.obs = self.normalize_obs(raw_obs, update=True)
+            # (a restarted worker's repeated observation is no new one: not counted in the statistics)
+            self.obs = self.normalize_obs(raw_obs, update=True, rows=~cut if cut.any() else None)
             self.valid = ~done
         return t_act, t_env
 

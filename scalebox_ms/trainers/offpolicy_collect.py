@@ -45,7 +45,7 @@ def collect_phase(trainer, rng, clock):
         obs_b[t], next_b[t], act_b[t] = c.raw_obs, raw, buf_a
         rew_b[t], term_b[t], valid_b[t] = reward, terminated, valid
         c.raw_obs = raw
-        c.obs = c.normalize_obs(raw, update=True)
+        c.obs = c.normalize_obs(raw, update=True, rows=~cut if cut.any() else None)  # (a restart's: no new obs)
         c.valid = ~done
         trainer.global_step += N
     return (obs_b, act_b, rew_b, next_b, term_b, valid_b), t_act, t_env
