@@ -66,7 +66,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     if preprocess == "atari":
         atari.require_atari_id(env_id)
     ale = atari.is_atari(env_id)
-    kwargs = atari.make_kwargs(preprocess, dict(kwargs or {}))
+    given = dict(kwargs or {})  # (the user's env.kwargs, for messages: scalebox_ms may add some below)
+    kwargs = atari.make_kwargs(preprocess, given)
     wrap = (preprocess, evaluation)
     registered_id = env_id
     if ":" in env_id:  # gymnasium's "module:Env-v0": import the module that registers the env
@@ -111,7 +112,10 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     except gym.error.DependencyNotInstalled as exc:
         raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({first_line(exc)})") from None
     except (gym.error.Error, TypeError, ValueError) as exc:
-        raise ConfigError(f"env.id: cannot create {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} ({first_line(exc)})") from None
+        added = {k: v for k, v in kwargs.items() if k not in given}  # (Atari's frameskip, evaluation's step cap)
+        raise ConfigError(f"env.id: cannot create {short_repr(env_id)} with env.kwargs={short_repr(given)}"
+                          + (f" (and {short_repr(added)} set by scalebox_ms)" if added else "")
+                          + f" ({first_line(exc)})") from None
     except (Exception, SystemExit) as exc:  # the env's own constructor (or its entry point) failed: name it and where
         raise ConfigError(f"env.id: cannot create {short_repr(env_id)}: {_raised(exc)}") from None
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
