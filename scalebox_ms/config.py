@@ -249,6 +249,12 @@ class Config:
         validate(cfg)
         return cfg
 
+    def checked_copy(self) -> "Config":
+        """A copy that went through :meth:`from_dict`'s parsing and checks again: values set on the attributes after
+        the config was built (``cfg.ppo.batch_size = 7``) are refused as a file's would be (tuples count as lists,
+        numpy scalars as numbers)."""
+        return Config.from_dict(_plain(self.to_dict()))
+
     def with_overrides(self, overrides: List[str]) -> "Config":
         """Apply ``section.key=value`` strings (values parsed as YAML), ``section.key.name=value`` for one entry of
         a mapping (``env.kwargs.is_slippery=false``) and ``algo=name``; returns a new Config.
@@ -320,6 +326,18 @@ def preset_path(path: str) -> str:
         logging.getLogger("scalebox_ms").info(f"config: no file {path} here; using the packaged preset {packaged}")
         return packaged
     return path
+
+
+def _plain(value):
+    """``value`` with tuples as lists and numpy scalars as Python numbers (as YAML would give them)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    item = getattr(value, "item", None)  # (numpy scalars and 0-d arrays)
+    if item is not None and getattr(value, "shape", None) == ():
+        return item()
+    return value
 
 
 def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> Config:

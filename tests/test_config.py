@@ -365,3 +365,27 @@ def test_cli_refuses_workers_on_atari_frames_before_launching(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().startswith("error: parallel.workers: image observations")
     assert len(r.stderr.strip().splitlines()) == 1 and not run_dir.exists()
     assert "msrun" not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("section, key, value, culprit", [
+    ("ppo", "batch_size", 7, r"ppo\.batch_size: \(7\) must divide"),
+    ("ppo", "n_epochs", 1.5, r"ppo\.n_epochs: expected an integer"),
+    ("ppo", "gamma", 2.0, r"ppo\.gamma: must be in \[0, 1\]"),
+    ("run", "total_steps", 0, r"run\.total_steps: must be >= 1"),
+])
+def test_a_config_edited_through_its_attributes_is_checked_by_the_trainer(section, key, value, culprit):
+    """Trainers took a deep copy without the checks: numpy's reshape error from deep in the update (batch_size 7),
+    a TypeError (n_epochs 1.5), or silent training with gamma 2 and total_steps 0."""
+    import numpy as np
+
+    from scalebox_ms.trainers import PPOTrainer
+
+    cfg = load_config(None, ["env.num_envs=2", "ppo.n_steps=16", "ppo.batch_size=16"])
+    setattr(getattr(cfg, section), key, value)
+    with pytest.raises(ConfigError, match=culprit):
+        PPOTrainer(cfg)
+    # what Python code naturally writes still works: tuples for lists, numpy integers for ints
+    ok = load_config(None, ["env.num_envs=2", "ppo.n_steps=16", "ppo.batch_size=16"])
+    ok.policy.pi_layers, ok.env.num_envs = (32, 32), np.int64(2)
+    copy = ok.checked_copy()
+    assert copy.policy.pi_layers == [32, 32] and copy.env.num_envs == 2 and type(copy.env.num_envs) is int

@@ -45,7 +45,7 @@ def coerce_config(config: Union[Config, dict, None], algo: str, overrides: dict)
         raise ConfigError(f"config: expected Config, dict or None, got {type(config).__name__}"
                           + (" (a YAML file: load_config(path))" if isinstance(config, (str, os.PathLike)) else ""))
     else:
-        config = copy.deepcopy(config)
+        config = config.checked_copy()  # (attributes set after the Config was built are checked as a file's)
     if config.algo != algo:
         raise ConfigError(f"algo: the config trains {config.algo}, not {algo} (scalebox_ms.trainers.make_trainer "
                           "picks the trainer by algo)")
