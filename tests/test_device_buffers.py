@@ -101,3 +101,25 @@ def test_replay_state_dict_roundtrip_and_errors():
         a.add_batch(other=np.zeros((1, 2)))
     with pytest.raises(ValueError, match="capacity"):
         ReplayBuffer(0, specs)
+
+
+@pytest.mark.parametrize("saved_capacity, added, capacity", [(4, 6, 8), (4, 6, 3), (8, 6, 4), (8, 6, 6), (8, 3, 3),
+                                                             (4, 4, 2), (4, 6, 4)])
+def test_replay_state_loads_into_another_capacity_as_the_newest_rows_oldest_first(saved_capacity, added, capacity):
+    """A checkpoint's replay loaded into a trainer with another buffer_size: a larger buffer overwrote saved rows
+    while its size grew over never-written zeros; a smaller one failed halfway with numpy's broadcast error. The
+    reference: the same rows added to a ring of the new capacity (the newest `capacity` of them, oldest first)."""
+    specs = {"x": ((), np.float32)}
+    saved = ReplayBuffer(saved_capacity, specs)
+    saved.add_batch(x=np.arange(1, added + 1, dtype=np.float32))
+    held = list(range(max(1, added - saved_capacity + 1), added + 1))  # what the saved ring holds, oldest first
+    loaded, reference = ReplayBuffer(capacity, specs), ReplayBuffer(capacity, specs)
+    loaded.load_state_dict(saved.state_dict())
+    reference.add_batch(x=np.asarray(held, np.float32))
+    more = np.asarray([100, 101, 102], np.float32)  # later adds overwrite what the reference's do (the oldest)
+    loaded.add_batch(x=more)
+    reference.add_batch(x=more)
+    got, want = loaded.state_dict(), reference.state_dict()
+    assert len(loaded) == len(reference) == min(capacity, len(held) + 3)
+    assert sorted(got["x"].tolist()) == sorted(want["x"].tolist())
+    assert 0.0 not in got["x"]  # (no never-written row counted)

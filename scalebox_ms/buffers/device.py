@@ -201,18 +201,28 @@ class ReplayBuffer(nn.Cell):
         AssignParameters([self.position, self.size]).write([zero, zero])
 
     def load_state_dict(self, state: Dict[str, np.ndarray]) -> None:
+        """Restore :meth:`state_dict`'s contents. A buffer of the same capacity gets them as they were (ring position
+        included: sampling continues bit for bit); one of another capacity gets the rows oldest first, and when it
+        is smaller than their number only the newest ``capacity`` rows (the ones a ring of that size would hold)."""
         from ..ops import AssignParameters
 
-        size = int(state["_size"])
-        values = []
-        for name, field in zip(self.names, self.fields):
-            full = np.zeros(field.shape, self.specs[name][1])
+        size, position = int(state["_size"]), int(state["_position"])
+        for name in self.names:
             if np.shape(state[name]) != (size,) + self.specs[name][0]:
                 raise ValueError(f"load_state_dict: field {name!r} has shape {np.shape(state[name])}, expected "
                                  f"{(size,) + self.specs[name][0]}")
-            full[:size] = state[name]
+        order = None  # (rows as saved)
+        wrapped = position < size  # (a full ring whose oldest row is at position)
+        if size > self.capacity or (wrapped and size != self.capacity):  # another capacity: oldest first, newest kept
+            keep = min(size, self.capacity)
+            order = np.concatenate([np.arange(position, size), np.arange(position)])[size - keep:]
+            size, position = keep, keep % self.capacity
+        values = []
+        for name, field in zip(self.names, self.fields):
+            full = np.zeros(field.shape, self.specs[name][1])
+            full[:size] = state[name] if order is None else np.asarray(state[name])[order]
             values.append(Tensor(full))
-        values += [Tensor(np.asarray(int(state["_position"]), np.int32)), Tensor(np.asarray(size, np.int32))]
+        values += [Tensor(np.asarray(position % self.capacity, np.int32)), Tensor(np.asarray(size, np.int32))]
         AssignParameters(list(self.fields) + [self.position, self.size]).write(values)
 
 
