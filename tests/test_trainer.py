@@ -307,6 +307,40 @@ def test_load_refuses_a_checkpoint_whose_weights_would_compute_another_function(
             tuned.close()
 
 
+@pytest.mark.parametrize("change", [{"kwargs": {"g": 2.0}}, {"backend": "native"}])
+def test_load_keeps_this_trainers_envs_when_the_checkpoints_were_built_otherwise(tmp_path, change, caplog):
+    """load() swapped in the checkpoint's pickled envs whatever this trainer's env.kwargs/backend said: fine-tuning
+    a Pendulum policy on g=2 trained on the checkpoint's g=10 (while evaluation built g=2 envs), and a gymnasium
+    trainer stepped a native env."""
+    cfg = {"env": {"id": "Pendulum-v1", "num_envs": 2}}
+    a = PPOTrainer(small_config(**cfg))
+    a.learn(until=64)
+    prefix = a.save(str(tmp_path / "ck"))
+    a.close()
+    b = PPOTrainer(small_config(env={**cfg["env"], **change}))
+    env_before = b.env
+    try:
+        with caplog.at_level("WARNING"):
+            b.load(prefix)
+        key = next(iter(change))
+        assert f"its envs were built with another env.{key} than this trainer's: its in-flight episodes are not " \
+               "restored" in caplog.text
+        assert b.env is env_before and b.global_step == 64
+        if key == "kwargs":
+            assert [e.unwrapped.g for e in b.env.envs] == [2.0, 2.0]
+        b.learn(until=128)  # trains on from fresh episodes
+    finally:
+        b.close()
+    caplog.clear()
+    same = PPOTrainer(small_config(**cfg))  # the same env config: the checkpoint's episodes go on
+    try:
+        with caplog.at_level("WARNING"):
+            same.load(prefix)
+        assert "its envs were built with another" not in caplog.text
+    finally:
+        same.close()
+
+
 def test_load_into_a_trainer_that_already_ran_its_graphs(tmp_path):
     """Compiled graphs must see loaded parameters (MindSpore's set_data alone would be invisible to them)."""
     small_cfg = small_config(ppo={"update_kernel": "builtin"})  # (the update as a compiled graph too)

@@ -147,6 +147,15 @@ def _function_choices(trainer, cfg: dict) -> dict:
     return {k: v for k, v in out.items() if v is not None}  # (a checkpoint from before a key existed: not compared)
 
 
+def _env_changes(trainer, ck_env: dict) -> list:
+    """``env.<key>`` names whose checkpoint value (``ck_env``, its config's env section) builds other envs than this
+    trainer's config does (a resolved ``env.preprocess`` that differs is refused before: another function)."""
+    from ..config import EnvConfig
+
+    return [f"env.{key}" for key in ("backend", "kwargs")
+            if _jsonable(ck_env.get(key, getattr(EnvConfig(), key))) != _jsonable(getattr(trainer.config.env, key))]
+
+
 def _check_same_function(trainer, ck_cfg: dict, prefix: str) -> None:
     theirs, ours = _function_choices(trainer, ck_cfg), _function_choices(trainer, trainer.config.to_dict())
     for key in theirs:
@@ -227,6 +236,16 @@ def load(trainer, path: str, replay: bool = True):
     elif inflight is not None and sc.get("world_size", 1) != trainer.dist.world_size:
         # a data-parallel checkpoint in one process (evaluate, export, predict): rank 0's envs are a share of this
         # trainer's; start all of them afresh, seeded from (seed, step) (it cannot learn on: learn refuses)
+        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
+                update_statistics=False)
+        if c.reward_scaler is not None:
+            c.reward_scaler.returns[:] = 0.0
+    elif inflight is not None and ck["env"] is not None and _env_changes(trainer, ck_env):
+        # the checkpoint's pickled envs are not this trainer's (another env.kwargs or backend, e.g. fine-tuning on
+        # changed dynamics): keep this trainer's envs, fresh episodes seeded from (seed, step)
+        trainer.log.warning(f"checkpoint {os.path.basename(ck['prefix'])}: its envs were built with another "
+                            f"{' and '.join(_env_changes(trainer, ck_env))} than this trainer's: its in-flight "
+                            "episodes are not restored; this trainer's envs start fresh episodes")
         c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
                 update_statistics=False)
         if c.reward_scaler is not None:
