@@ -761,3 +761,24 @@ def test_runs_stop_at_the_phase_boundary_and_resume_from_a_cut_iteration(tmp_pat
     d = cfg.to_dict()  # (the sidecar's check: whole phases, at most an iteration's worth each, at least one each)
     assert steps_match(d, 124, 1) and steps_match(d, 284, 2) and steps_match(d, 0, 0)
     assert not steps_match(d, 284, 1) and not steps_match(d, 122, 1) and not steps_match(d, 4, 2)
+
+
+def test_set_parameters_reaches_the_off_policy_actor_graphs():
+    """The shared trainer core's set_parameters, on an off-policy learner (actor, critics, targets, log_alpha)."""
+    from scalebox_ms.trainers import make_trainer
+
+    def sac(seed):
+        return make_trainer(Config.from_dict({"algo": "sac", "env": {"id": "Pendulum-v1", "num_envs": 1},
+                                              "sac": {"learning_starts": 32, "batch_size": 16},
+                                              "run": {"seed": seed, "total_steps": 64, "progress": False}}))
+
+    a, b = sac(0), sac(1)
+    try:
+        a.learn(until=64)  # (its graphs have run)
+        obs = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+        assert not np.array_equal(a.predict(obs), b.predict(obs))
+        a.set_parameters(b.get_parameters())
+        np.testing.assert_array_equal(a.predict(obs), b.predict(obs))
+        assert a.parameters_sha256() == b.parameters_sha256()
+    finally:
+        a.close(), b.close()

@@ -220,6 +220,40 @@ class Trainer:
 
         return parameters_sha256(self.model)
 
+    def get_parameters(self) -> dict:
+        """``{name: numpy array}`` of everything a checkpoint holds of the networks, by its checkpoint names
+        (``model.*``: the networks, targets included; ``optimizer.*``: Adam's state; ``amp.*``: the loss scaler), in
+        the logical ``nn.Dense`` layout; copies."""
+        return {name: np.array(self.model.to_logical(name, param.asnumpy()))
+                for name, param in self._named_state()}
+
+    def set_parameters(self, values) -> None:
+        """Write some or all of :meth:`get_parameters`' entries (a dict or (name, value) pairs; numpy arrays,
+        Tensors or Parameters; ``model.`` may be left out of a network's name) so that the compiled graphs see
+        them: MindSpore 2.10's ``Parameter.set_data``, and so ``ms.load_param_into_net(trainer.model, ...)``, are
+        not seen by a graph that already ran (``predict`` would go on acting with the old weights). An unknown name
+        or a wrong shape is a ValueError, and then nothing is written."""
+        import mindspore as ms
+
+        from ..ops import AssignParameters
+
+        named = dict(self._named_state())
+        params, arrays = [], []
+        for name, value in (values.items() if isinstance(values, dict) else values):
+            key = name if name in named or not isinstance(name, str) else "model." + name
+            if key not in named:
+                raise ValueError(f"set_parameters: {name!r} is none of this trainer's parameters (get_parameters() "
+                                 f"names them)")
+            param = named[key]
+            array = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
+            logical = self.model.to_logical(key, param.asnumpy()).shape
+            if array.shape != logical:
+                raise ValueError(f"set_parameters: {name!r} has shape {array.shape}, this trainer's has {logical}")
+            params.append(param)
+            arrays.append(ms.Tensor(np.asarray(self.model.to_storage(key, array), dtype=param.asnumpy().dtype)))
+        if params:
+            AssignParameters(params).write(arrays)
+
     def _named_state(self):
         return self._values.named
 
