@@ -28,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from .errors import ConfigError, ScaleboxError
+from .errors import ConfigError, ScaleboxError, first_line
 
 # Must be set before MindSpore starts its runtime: without host-blocking runs, compiled steps on a
 # few-core CPU thrash threads (many more context switches per step and much slower updates).
@@ -126,16 +126,24 @@ class Sandbox:
             if not _available(target):
                 raise ConfigError(
                     f"sandbox.device: {device!r} is not available in this MindSpore build/machine; use 'cpu' or 'auto'")
-        settings = {"device": target, "device_id": device_id, "threads": threads,
-                    "deterministic": deterministic, "memory_limit": self.memory_limit_bytes}
+        # the settings MindSpore keeps per process (on CPU, device_id is unused and memory_limit is this Sandbox's
+        # own check of rollout sizes: Sandboxes may differ there)
+        settings = {"device": target, "threads": threads, "deterministic": deterministic,
+                    **({} if target == "CPU" else {"device_id": device_id, "memory_limit": self.memory_limit_bytes})}
         if _active is not None and _active != settings:
             raise ConfigError(
                 f"sandbox: this process is already configured as {_active}; a Sandbox with {settings} conflicts "
-                "(MindSpore's device settings are process-global)")
+                "(MindSpore's device settings are process-global: pass the first trainer's sandbox=, or the same "
+                "sandbox settings)")
         if _active is None:
             ms.set_context(device_target=target)
             if threads > 0 and target == "CPU":
-                ms.device_context.cpu.op_tuning.threads_num(threads)
+                try:
+                    ms.device_context.cpu.op_tuning.threads_num(threads)
+                except RuntimeError as exc:  # (set already in this process, by the user's own code)
+                    raise ConfigError(f"sandbox.threads: {threads}: MindSpore's CPU thread count was set before in "
+                                      f"this process and cannot be set again ({first_line(exc)}); set "
+                                      "sandbox.threads: 0 to keep it") from None
             # threads of the C++ update kernel (scalebox_ms.ops.custom) unless the user set them: this sandbox's
             # thread count, else the CPUs this process may run on (affinity / container limits, not all cores)
             os.environ.setdefault("SCALEBOX_MS_KERNEL_THREADS", str(threads if threads > 0 else _usable_cpus()))

@@ -1,11 +1,13 @@
 """Sandbox isolation: env workers that crash, hang or overrun their memory are restarted, not fatal."""
 import os
+import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
 
-from conftest import small_config
+from conftest import REPO, small_config
 from scalebox_ms import ConfigError, ScaleboxError
 from scalebox_ms.config import parse_bytes
 from scalebox_ms.envs import IsolatedVectorEnv
@@ -172,7 +174,6 @@ def test_memory_limit_parsing_and_rss_watch():
 def test_peak_rss_is_the_processs_own_not_its_parents():
     """summary.json's peak_rss_mb: a run started by a large process (a test runner, a notebook) reports its own peak
     (getrusage's ru_maxrss would report the parent's: Linux carries it over exec)."""
-    import subprocess
 
     from scalebox_ms.sandbox import current_rss_bytes, peak_rss_bytes
 
@@ -192,6 +193,26 @@ def test_conflicting_sandbox_is_refused():
         Sandbox(device="cpu", threads=1)
     with pytest.raises(ConfigError, match="not available"):
         Sandbox(device="ascend")
+    # on CPU, memory_limit (this Sandbox's own check of rollout sizes) and device_id (unused) may differ
+    assert Sandbox(device="auto", memory_limit="1GB", device_id=1).memory_limit_bytes == 2**30
+
+
+def test_a_cpu_thread_count_the_user_set_before_is_a_config_error():
+    """MindSpore refuses to set its CPU thread count twice: a raw RuntimeError from deep in the Sandbox."""
+    code = textwrap.dedent("""\
+        import mindspore as ms
+        ms.device_context.cpu.op_tuning.threads_num(1)
+        from scalebox_ms import ConfigError
+        from scalebox_ms.sandbox import Sandbox
+        try:
+            Sandbox(threads=2)
+        except ConfigError as exc:
+            print(exc)
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": REPO}).stdout.strip().splitlines()
+    assert out and out[-1].startswith("sandbox.threads: 2: MindSpore's CPU thread count was set before in this "
+                                      "process and cannot be set again"), out
 
 
 def test_workers_inherit_no_file_descriptors(tmp_path):
