@@ -160,6 +160,13 @@ def test_save_into_a_directory_uses_the_runs_checkpoint_name(tmp_path, small_cfg
             b = load_trainer(path)
             assert b.parameters_sha256() == a.parameters_sha256()
             b.close()
+        # every file name load accepts, save takes as the same prefix (x.env.pkl wrote x.env.pkl.json); and
+        # load_trainer("") reads the current directory, where save("") wrote
+        assert a.save(str(tmp_path / "other.env.pkl")) == str(tmp_path / "other.json")
+        assert a.save(str(tmp_path / "third.replay.npz")) == str(tmp_path / "third.json")
+        b = load_trainer("")
+        assert b.global_step == 64
+        b.close()
     finally:
         a.close()
 

@@ -175,7 +175,7 @@ def resolve_checkpoint(path: str) -> str:
     return the prefix."""
     if not isinstance(path, (str, os.PathLike)):
         raise CheckpointError(f"the checkpoint path must be a path, got {type(path).__name__}")
-    path = os.fspath(path)
+    path = os.fspath(path) or "."  # ("": the current directory, where save("") writes)
     if os.path.isdir(path):
         found = list_checkpoints(path)
         if not found:

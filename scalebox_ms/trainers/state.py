@@ -71,14 +71,14 @@ def save(trainer, prefix: str) -> str:
     import mindspore as ms
 
     from ..envs import state as env_state
-    from .checkpoint import checkpoint_prefix, write_checkpoint
+    from .checkpoint import EXTENSIONS, checkpoint_prefix, write_checkpoint
 
     if not isinstance(prefix, (str, os.PathLike)):
         raise CheckpointError(f"save: the checkpoint prefix must be a path, got {type(prefix).__name__}")
     prefix = os.fspath(prefix)
     if prefix == "" or prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
         prefix = checkpoint_prefix(prefix or ".", trainer.global_step)
-    for ext in (".json", ".ckpt"):  # (the name of one of its files: the prefix load then finds)
+    for ext in EXTENSIONS:  # (the name of one of its files: the prefix load then finds)
         if prefix.endswith(ext) and len(os.path.basename(prefix)) > len(ext):
             prefix = prefix[: -len(ext)]
             break  # (one, as resolve_checkpoint strips one)
