@@ -368,3 +368,22 @@ def test_int8_calibration_runs_in_isolated_workers_too():
         assert data.shape == (24, 4) and np.isfinite(data).all()
     finally:
         tr.close()
+
+
+def test_a_script_without_a_main_guard_is_told_why_its_isolated_workers_die(tmp_path):
+    """Spawned env workers import the main module: a script that builds its trainer at the top level made every
+    worker fail at start-up, and the error (wrapped twice: "cannot create ... (env.id: ... cannot start ...)") only
+    suggested the memory limit and step timeout."""
+    script = tmp_path / "noguard.py"
+    script.write_text(textwrap.dedent("""\
+        from scalebox_ms import Config
+        from scalebox_ms.trainers import PPOTrainer
+        PPOTrainer(Config.from_dict({"env": {"num_envs": 1}, "sandbox": {"isolation_level": "process"}}))
+        """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                       env={**os.environ, "PYTHONPATH": REPO})
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and last.startswith("scalebox_ms.errors.ConfigError: env.id: 'CartPole-v1' cannot start "
+                                                 "in an isolated worker (crash: "), last
+    assert last.endswith("; or, if noguard.py builds the trainer at its top level, put that under 'if __name__ == "
+                         "\"__main__\":' (each isolated worker imports the main module)"), last

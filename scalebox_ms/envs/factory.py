@@ -9,6 +9,8 @@ handled.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Optional
 
 import numpy as np
@@ -100,7 +102,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
                                         memory_limit_bytes=worker_memory_limit, wrap=wrap)
             except WorkerFailure as exc:
                 raise ConfigError(f"env.id: {short_repr(env_id)} cannot start in an isolated worker ({exc.kind}: "
-                                  f"{first_line(exc)}); check sandbox.worker_memory_limit/step_timeout") from None
+                                  f"{first_line(exc)}); check sandbox.worker_memory_limit/step_timeout"
+                                  + _main_guard_hint()) from None
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
                     and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS
@@ -109,6 +112,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
             if mode == "vector_entry_point" and kwargs:  # its own checks of env.kwargs may be laxer than the single
                 gym.make(env_id, **kwargs).close()  # env's, which evaluation plays (CartPole: max_episode_steps 0)
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **extra, **kwargs)
+    except ConfigError:
+        raise  # (already names the culprit: not wrapped again below, ConfigError being a ValueError)
     except gym.error.DependencyNotInstalled as exc:
         raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({first_line(exc)})") from None
     except (gym.error.Error, TypeError, ValueError) as exc:
@@ -123,6 +128,18 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         env.close()
         raise ConfigError(f"env.id: {short_repr(env_id)} vector env uses autoreset mode {autoreset}; scalebox_ms needs NEXT_STEP")
     return _probed(env, env_id, kwargs)
+
+
+def _main_guard_hint() -> str:
+    """A hint for a worker that died while starting, when the process runs a script of the user's: spawned workers
+    import the main module, and one that builds a trainer at its top level (no ``if __name__ == "__main__":``)
+    makes each worker fail as it starts."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if getattr(main, "__file__", None) is None or (spec is not None and spec.name.startswith("scalebox_ms")):
+        return ""
+    return (f"; or, if {os.path.basename(main.__file__)} builds the trainer at its top level, put that under "
+            "'if __name__ == \"__main__\":' (each isolated worker imports the main module)")
 
 
 def _raised(exc: BaseException) -> str:
