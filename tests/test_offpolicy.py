@@ -506,7 +506,7 @@ def test_the_acting_trainer_refuses_to_train_or_save_and_says_nothing_of_an_unsa
 
 def test_the_acting_trainer_takes_the_config_that_trained_the_run_as_python_built_it(tmp_path):
     """A config built in Python with tuples (policy.pi_layers=(32, 32)) was refused against its own checkpoint,
-    whose JSON sidecar holds lists; a FusedDense layout edited into config.yaml (same outputs and checkpoints) too."""
+    whose JSON sidecar holds lists; kernel choices edited into config.yaml (same outputs and checkpoints) too."""
     from scalebox_ms.trainers import acting_trainer
 
     cfg = dqn_config()
@@ -516,7 +516,7 @@ def test_the_acting_trainer_takes_the_config_that_trained_the_run_as_python_buil
     trainer, prefix = acting_trainer(cfg, str(tmp_path / "r"))
     trainer.close()
     edited = load_config(str(tmp_path / "r" / "config.yaml"))
-    edited.policy.layer = "fused"
+    edited.dqn.optimizer_kernel, edited.dqn.host_acting = "builtin", False
     trainer, again = acting_trainer(edited, str(tmp_path / "r"))
     trainer.close()
     assert again == prefix
