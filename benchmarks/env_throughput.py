@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--envs", nargs="+", choices=[c[0] for c in CASES], help="only these envs' rows")
     ap.add_argument("--no-ppo", action="store_true", help="skip the PPO table")
     args = ap.parse_args()
+    if args.iterations < 2:  # (the first iteration compiles: the median is over the others)
+        ap.error("--iterations: must be >= 2")
     from native_throughput import run
 
     from scalebox_ms.fileio import atomic_write_json

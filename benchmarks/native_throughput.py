@@ -91,6 +91,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "native_throughput.json"))
     args = ap.parse_args()
+    if args.iterations < 2:  # (the first iteration compiles: the median is over the others)
+        ap.error("--iterations: must be >= 2")
     results = []
     for n in (8, 256, 1024, 4096):
         t = 32 if n <= 256 else 16

@@ -86,6 +86,8 @@ def main() -> None:
                     help="the acting call inside the compiled rollout: MindSpore ops or the fused C++ kernel")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "peak_fraction.json"))
     args = ap.parse_args()
+    if args.iterations < 2:  # (the first iteration compiles: the median is over the others)
+        ap.error("--iterations: must be >= 2")
     ensure_fast_blas()
     from native_throughput import run
 
