@@ -746,3 +746,4 @@ def test_a_rank_dying_in_mindspores_shutdown_after_the_run_ended_is_no_failure(t
     assert "Traceback" not in r.stderr and "error" not in r.stderr
     # the rank's Python stack at the crash is in its log (faulthandler)
     assert "Fatal Python error: Segmentation fault" in (run_dir / "msrun" / f"worker_{rank}.log").read_text()
+    assert _processes_of(str(run_dir)) == []  # msrun's scheduler and the other rank are gone too

@@ -9,7 +9,9 @@ The launcher (this process) never imports MindSpore. It
 3. when msrun reports a worker that exited abnormally (msrun then kills the other workers; a worker that failed
    before the cluster formed, msrun would wait for until ``timeout``: the launcher stops the job a few seconds
    after msrun's report), names its rank in a one-line error and exits non-zero; a worker's own one-line ``error:`` (bad config, bad env id) is repeated
-   with exit code 2. A fresh run that failed before its first checkpoint leaves no run directory behind.
+   with exit code 2. A fresh run that failed before its first checkpoint leaves no run directory behind. A worker
+   killed by a signal in MindSpore's own shutdown, after it passed Python's exit and this job's summary.json was
+   written (:func:`_crash_after_the_run`), is a warning and exit code 0: nothing of the run is missing.
 
 ``timeout`` (``parallel.timeout``) bounds msrun's cluster building. A worker killed mid-collective does not hang
 the job: the launcher watches the workers' pids, and a worker gone without passing through Python's exit (killed,
