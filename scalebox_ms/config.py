@@ -251,9 +251,13 @@ class Config:
 
     def checked_copy(self) -> "Config":
         """A copy that went through :meth:`from_dict`'s parsing and checks again: values set on the attributes after
-        the config was built (``cfg.ppo.batch_size = 7``) are refused as a file's would be (tuples count as lists,
-        numpy scalars as numbers)."""
-        return Config.from_dict(_plain(self.to_dict()))
+        the config was built (``cfg.ppo.batch_size = 7``) are refused as a file's would be (tuples and numpy arrays
+        count as lists, numpy scalars as numbers; ``env.kwargs`` go to the env as they are)."""
+        data = self.to_dict()
+        kwargs = data["env"].pop("kwargs")  # (passed to the env as they are, as from_dict does: ALE's tuples)
+        data = _plain(data)
+        data["env"]["kwargs"] = kwargs
+        return Config.from_dict(data)
 
     def with_overrides(self, overrides: List[str]) -> "Config":
         """Apply ``section.key=value`` strings (values parsed as YAML), ``section.key.name=value`` for one entry of
@@ -329,14 +333,13 @@ def preset_path(path: str) -> str:
 
 
 def _plain(value):
-    """``value`` with tuples as lists and numpy scalars as Python numbers (as YAML would give them)."""
+    """``value`` with tuples and numpy arrays as lists, numpy scalars as Python numbers (as YAML would give them)."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    item = getattr(value, "item", None)  # (numpy scalars and 0-d arrays)
-    if item is not None and getattr(value, "shape", None) == ():
-        return item()
+    if hasattr(value, "tolist") and hasattr(value, "shape"):  # (numpy scalars and arrays)
+        return value.tolist()
     return value
 
 

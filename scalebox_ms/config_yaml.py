@@ -10,8 +10,9 @@
 * **Alias bombs.** Anchors and aliases (``&a`` / ``*a``) may be used, but a document may expand to at most
   :data:`MAX_NODES` nodes, counting an aliased node in full at every use (so the few hundred bytes of a
   "billion laughs" file that expand to 10^9 strings are refused), and may not contain itself (a recursive alias).
-* **Deep nesting.** A document may nest at most :data:`MAX_DEPTH` levels. The count runs on the composed node graph, each node visited
-  once, before any value is built: refusal costs time linear in the file's size.
+  The count runs on the composed node graph, each node visited once, before any value is built: refusal costs
+  time linear in the file's size.
+* **Deep nesting.** A document may nest at most :data:`MAX_DEPTH` levels.
 """
 from __future__ import annotations
 

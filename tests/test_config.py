@@ -386,6 +386,8 @@ def test_a_config_edited_through_its_attributes_is_checked_by_the_trainer(sectio
         PPOTrainer(cfg)
     # what Python code naturally writes still works: tuples for lists, numpy integers for ints
     ok = load_config(None, ["env.num_envs=2", "ppo.n_steps=16", "ppo.batch_size=16"])
-    ok.policy.pi_layers, ok.env.num_envs = (32, 32), np.int64(2)
+    ok.policy.pi_layers, ok.policy.vf_layers, ok.env.num_envs = (32, 32), np.array([16]), np.int64(2)
+    ok.env.kwargs = {"frameskip": (2, 5)}  # (env.kwargs go to the env as they are: ALE takes a tuple, not a list)
     copy = ok.checked_copy()
-    assert copy.policy.pi_layers == [32, 32] and copy.env.num_envs == 2 and type(copy.env.num_envs) is int
+    assert copy.policy.pi_layers == [32, 32] and copy.policy.vf_layers == [16]
+    assert copy.env.num_envs == 2 and type(copy.env.num_envs) is int and copy.env.kwargs == {"frameskip": (2, 5)}

@@ -470,7 +470,6 @@ def test_atari_ram_observations_are_a_flat_vector_without_the_screen_preprocessi
         make_vec_env(BREAKOUT, 1, {"obs_type": "ram"}, preprocess="atari")
 
 
-
 def test_a_bad_atari_kwarg_is_named_apart_from_the_frameskip_scalebox_ms_adds():
     """The error showed env.kwargs={'foo': 1, 'frameskip': 1}: a frameskip the user never set."""
     with pytest.raises(ConfigError, match=r"^env\.id: cannot create 'ALE/Breakout-v5' with env\.kwargs=\{'foo': 1\} "

@@ -174,7 +174,6 @@ def test_memory_limit_parsing_and_rss_watch():
 def test_peak_rss_is_the_processs_own_not_its_parents():
     """summary.json's peak_rss_mb: a run started by a large process (a test runner, a notebook) reports its own peak
     (getrusage's ru_maxrss would report the parent's: Linux carries it over exec)."""
-
     from scalebox_ms.sandbox import current_rss_bytes, peak_rss_bytes
 
     ballast = np.ones(96 * 2**20)  # 768 MB of touched pages in this (the parent) process
@@ -194,7 +193,11 @@ def test_conflicting_sandbox_is_refused():
     with pytest.raises(ConfigError, match="not available"):
         Sandbox(device="ascend")
     # on CPU, memory_limit (this Sandbox's own check of rollout sizes) and device_id (unused) may differ
-    assert Sandbox(device="auto", memory_limit="1GB", device_id=1).memory_limit_bytes == 2**30
+    if Sandbox(device="auto").device == "CPU":
+        assert Sandbox(device="auto", memory_limit="1GB", device_id=1).memory_limit_bytes == 2**30
+    else:  # (on GPU/Ascend they are MindSpore's per process)
+        with pytest.raises(ConfigError, match="conflicts"):
+            Sandbox(device="auto", memory_limit="1GB", device_id=1)
 
 
 def test_a_cpu_thread_count_the_user_set_before_is_a_config_error():

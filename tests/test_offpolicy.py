@@ -782,3 +782,25 @@ def test_set_parameters_reaches_the_off_policy_actor_graphs():
         assert a.parameters_sha256() == b.parameters_sha256()
     finally:
         a.close(), b.close()
+
+
+@pytest.mark.parametrize("host_acting", [False, True])
+def test_the_next_action_after_set_parameters_comes_from_the_new_weights(host_acting):
+    """A training phase leaves the policy output for the current observation (and DQN its numpy Q-network copy):
+    after set_parameters the next learn() acted once with the old weights."""
+    from scalebox_ms.trainers import make_trainer
+
+    a = make_trainer(Config.from_dict({"algo": "dqn", "env": {"num_envs": 4},
+                                       "dqn": {"learning_starts": 64, "batch_size": 16, "train_freq": 16,
+                                               "host_acting": host_acting},
+                                       "run": {"total_steps": 256, "progress": False}}))
+    try:
+        a.learn(until=128)  # (a phase: the greedy action for the current observation is pending)
+        name = "model.q.q_net.4.bias"  # the online Q-network's output bias
+        assert a.get_parameters()[name].shape == (2,)
+        assert (a._policy() == 0).any()  # (its own weights: not all 1 here)
+        a.learn(until=192)
+        a.set_parameters({name: np.asarray([0.0, 1e3], np.float32)})  # Q(s, 1) wins everywhere
+        np.testing.assert_array_equal(a._policy(), [1, 1, 1, 1])
+    finally:
+        a.close()

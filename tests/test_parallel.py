@@ -685,7 +685,8 @@ def test_the_console_hides_msruns_own_traceback_but_shows_a_workers(tmp_path):
     assert shown(worker[:-36]) == worker[:-36].splitlines(keepends=True)  # output ended inside a traceback
     crash = ('Fatal Python error: Segmentation fault\n\nThread 0x00007f124b7fe6c0 (most recent call first):\n'
              '  File "/x/runlock.py", line 161 in _running\n\nCurrent thread 0x00007f128fa72b80 (most recent call '
-             'first):\n  File "/x/site.py", line 3 in <lambda>\n\nExtension modules: yaml._yaml, numpy.core (total: 2)\n')
+             'first):\n  File "/x/site.py", line 3 in <lambda>\n\nThread 0x00007f1 (most recent call first):\n'
+             '  <no Python frame>\n\nExtension modules: yaml._yaml, numpy.core (total: 2)\n')
     assert shown("step 256\n" + crash + "after\n") == ["step 256\n", "after\n"]  # (faulthandler's: in the log)
 
 

@@ -348,6 +348,24 @@ def test_load_keeps_this_trainers_envs_when_the_checkpoints_were_built_otherwise
         same.close()
 
 
+def test_load_into_isolated_workers_starts_fresh_episodes(tmp_path, caplog):
+    """sandbox.isolation_level may differ (evaluate and export accept an edited one): an in-process checkpoint's
+    sub-envs were put into an IsolatedVectorEnv (AttributeError: no attribute 'envs')."""
+    a = PPOTrainer(small_config(env={"num_envs": 2}))
+    a.learn(until=64)
+    prefix = a.save(str(tmp_path / "ck"))
+    a.close()
+    b = PPOTrainer(small_config(env={"num_envs": 2}, sandbox={"isolation_level": "process"}))
+    try:
+        with caplog.at_level("WARNING"):
+            b.load(prefix)
+        assert "its envs were built with another kind of vector env (here IsolatedVectorEnv" in caplog.text
+        assert b.global_step == 64 and type(b.env).__name__ == "IsolatedVectorEnv"
+        b.learn(until=128)
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("policy", [{}, {"act_kernel": "custom", "layer": "fused"}])
 def test_set_parameters_is_seen_by_the_compiled_graphs_and_round_trips(policy):
     """Weights written with MindSpore's own load_param_into_net (set_data) after the graphs ran were not seen by

@@ -135,9 +135,9 @@ def _main_guard_hint() -> str:
     import the main module, and one that builds a trainer at its top level (no ``if __name__ == "__main__":``)
     makes each worker fail as it starts."""
     main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if getattr(main, "__file__", None) is None or (spec is not None and spec.name.startswith("scalebox_ms")):
-        return ""
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is not None or not isinstance(path, str) or not path.endswith(".py"):
+        return ""  # (python -m: a module's own main, as our CLIs; a console script; a notebook)
     return (f"; or, if {os.path.basename(main.__file__)} builds the trainer at its top level, put that under "
             "'if __name__ == \"__main__\":' (each isolated worker imports the main module)")
 

@@ -31,6 +31,18 @@ def capture(env) -> Optional[Any]:
     return None
 
 
+def fits(current_env, state) -> bool:
+    """Whether ``state`` (:func:`capture`'s) was captured from an env of ``current_env``'s kind: the same class for a
+    whole env, gymnasium's SyncVectorEnv of as many sub-envs for sub-envs. Not so when the trainer was built with
+    another ``sandbox.isolation_level`` (an IsolatedVectorEnv) or env backend than the checkpoint's."""
+    from gymnasium.vector import SyncVectorEnv
+
+    if state["kind"] == "whole":
+        return type(state["env"]) is type(current_env)
+    return (state["kind"] == "sync_subenvs" and isinstance(current_env, SyncVectorEnv)
+            and len(state["envs"]) == len(current_env.envs))
+
+
 def restore(current_env, state):
     """Return the env to continue with (``current_env`` updated in place, or the unpickled one)."""
     if state["kind"] == "whole":

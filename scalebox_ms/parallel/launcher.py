@@ -30,6 +30,7 @@ one-line error.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -408,8 +409,6 @@ def _crash_after_the_run(run_dir: str, since: float, pid: int) -> Optional[str]:
     try:
         if os.stat(path).st_mtime < since:
             return None  # (a previous launch's)
-        import json
-
         with open(path, encoding="utf-8") as f:
             status = json.load(f).get("status")
     except (OSError, ValueError, AttributeError):

@@ -84,7 +84,7 @@ class Console:
 
     def _show(self, line: str) -> bool:
         self._log.write(line)
-        if self._in_stack and (line.startswith("  File ") or not line.strip()):
+        if self._in_stack and (line.startswith("  ") or not line.strip()):  # ("  File ...", "  <no Python frame>")
             return False
         self._in_stack = bool(self.STACK.match(line))
         if (self._in_stack or re.match(r"^\[(INFO|WARNING|DEBUG)\]", line) or "Start scheduler process" in line

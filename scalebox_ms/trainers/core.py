@@ -1,7 +1,7 @@
 """What every trainer shares: config handling, the Sandbox, the env side, counters, predict, checkpoints.
 
 :class:`Trainer` is the one base of :class:`~.ppo.PPOTrainer` and :class:`~.offpolicy.OffPolicyTrainer` (DQN, SAC,
-TD3). It holds the parts that do not depend on the algorithm -- the config (deep-copied), the Sandbox, the
+TD3). It holds the parts that do not depend on the algorithm -- the config (a checked copy), the Sandbox, the
 :class:`~.collector.RolloutCollector` (env, observation normalisation, episode accounting, non-finite checks),
 the counters ``global_step``/``iteration``/``wall_time_s``, :meth:`predict`, :meth:`save`/:meth:`load`/
 :meth:`from_checkpoint` (:mod:`.state`) and :meth:`close` -- and asks the algorithm for what does: its model,
@@ -35,7 +35,7 @@ class Callback:
 
 
 def coerce_config(config: Union[Config, dict, None], algo: str, overrides: dict) -> Config:
-    """A private Config from a Config (deep copy), a dict in the YAML layout or None (defaults for ``algo``), with
+    """A private Config from a Config (:meth:`~scalebox_ms.config.Config.checked_copy`), a dict in the YAML layout or None (defaults for ``algo``), with
     keyword ``overrides`` of the algorithm's section."""
     if config is None:
         config = Config.from_dict({"algo": algo})
@@ -253,6 +253,11 @@ class Trainer:
             arrays.append(ms.Tensor(np.asarray(self.model.to_storage(key, array), dtype=param.asnumpy().dtype)))
         if params:
             AssignParameters(params).write(arrays)
+            self._weights_changed()
+
+    def _weights_changed(self) -> None:
+        """The parameters were written from outside training (:meth:`set_parameters`): drop what was computed from
+        the old ones."""
 
     def _named_state(self):
         return self._values.named

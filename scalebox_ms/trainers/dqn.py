@@ -193,6 +193,10 @@ class DQNTrainer(OffPolicyTrainer):
     def _after_phase(self) -> None:
         self._host_stale = True
 
+    def _weights_changed(self) -> None:
+        super()._weights_changed()
+        self._host_stale = True  # (the numpy copy of the Q-network: synced again before the next action)
+
     def _restore_extra(self, sc: dict) -> None:
         super()._restore_extra(sc)
         self._host_stale = True

@@ -416,6 +416,9 @@ class OffPolicyTrainer(Trainer):
         inflight = sc.get("inflight") or {}
         self._pending_obs = None if inflight.get("obs") is None else np.asarray(inflight["obs"], np.float32)
 
+    def _weights_changed(self) -> None:
+        self._pending = None  # (the last phase's action for the current observation came from the old weights)
+
     def _restore_replay(self, arrays) -> None:
         """The checkpoint's replay contents, or (None) an empty buffer."""
         if arrays is not None:

@@ -147,13 +147,20 @@ def _function_choices(trainer, cfg: dict) -> dict:
     return {k: v for k, v in out.items() if v is not None}  # (a checkpoint from before a key existed: not compared)
 
 
-def _env_changes(trainer, ck_env: dict) -> list:
-    """``env.<key>`` names whose checkpoint value (``ck_env``, its config's env section) builds other envs than this
-    trainer's config does (a resolved ``env.preprocess`` that differs is refused before: another function)."""
+def _env_changes(trainer, ck_env: dict, env_state_dict) -> list:
+    """What builds other envs in this trainer than the checkpoint's: ``env.<key>`` names whose checkpoint value
+    (``ck_env``, its config's env section) differs (a resolved ``env.preprocess`` that differs is refused before:
+    another function), and the kind of vector env (``sandbox.isolation_level``: isolated workers or not), which
+    ``env_state_dict`` (the checkpoint's captured env) shows."""
     from ..config import EnvConfig
+    from ..envs import state as env_state
 
-    return [f"env.{key}" for key in ("backend", "kwargs")
-            if _jsonable(ck_env.get(key, getattr(EnvConfig(), key))) != _jsonable(getattr(trainer.config.env, key))]
+    changed = [f"env.{key}" for key in ("backend", "kwargs")
+               if _jsonable(ck_env.get(key, getattr(EnvConfig(), key))) != _jsonable(getattr(trainer.config.env, key))]
+    if not changed and not env_state.fits(trainer.collector.env, env_state_dict):
+        changed.append(f"kind of vector env (here {type(trainer.collector.env).__name__}, e.g. by "
+                       "sandbox.isolation_level)")
+    return changed
 
 
 def _check_same_function(trainer, ck_cfg: dict, prefix: str) -> None:
@@ -240,12 +247,13 @@ def load(trainer, path: str, replay: bool = True):
                 update_statistics=False)
         if c.reward_scaler is not None:
             c.reward_scaler.returns[:] = 0.0
-    elif inflight is not None and ck["env"] is not None and _env_changes(trainer, ck_env):
+    elif inflight is not None and ck["env"] is not None and _env_changes(trainer, ck_env, ck["env"]):
         # the checkpoint's pickled envs are not this trainer's (another env.kwargs or backend, e.g. fine-tuning on
-        # changed dynamics): keep this trainer's envs, fresh episodes seeded from (seed, step)
+        # changed dynamics; isolated workers): keep this trainer's envs, fresh episodes seeded from (seed, step)
+        changed = " and ".join(_env_changes(trainer, ck_env, ck["env"]))
         trainer.log.warning(f"checkpoint {os.path.basename(ck['prefix'])}: its envs were built with another "
-                            f"{' and '.join(_env_changes(trainer, ck_env))} than this trainer's: its in-flight "
-                            "episodes are not restored; this trainer's envs start fresh episodes")
+                            f"{changed} than this trainer's: its in-flight episodes are not restored; this "
+                            "trainer's envs start fresh episodes")
         c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
                 update_statistics=False)
         if c.reward_scaler is not None:
