@@ -1,6 +1,6 @@
 """``python -m scalebox_ms.evaluate``: deterministic evaluation of a trained run on fresh envs.
 
-    python -m scalebox_ms.evaluate --run runs/x [--checkpoint FILE] [--episodes 20] [--seed 10000] [--json]
+    python -m scalebox_ms.evaluate --run runs/x [--checkpoint FILE] [--episodes 20] [--seed N] [--json]
     python -m scalebox_ms.evaluate --mindir runs/x/policy_int8_L1.mindir [--episodes 20] [--json]
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ def build_parser():
     src.add_argument("--mindir", help="a policy exported by scalebox_ms.export (fp32 or INT8)")
     p.add_argument("--checkpoint", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
     p.add_argument("--episodes", type=int, default=20)
-    p.add_argument("--seed", type=int, default=10_000, help="seed of the evaluation envs")
+    p.add_argument("--seed", type=int, help="seed of the evaluation envs (default: the run's run.seed + 10000, as "
+                   "its own evaluations; 10000 with --mindir)")
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of the deterministic policy")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
 
         if args.episodes < 1:
             raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
-        if not 0 <= args.seed < 2**32:
+        if args.seed is not None and not 0 <= args.seed < 2**32:
             raise ConfigError(f"--seed: must be in [0, 2**32), got {args.seed}")
         if args.mindir:
             return _evaluate_mindir(args)
@@ -52,10 +53,13 @@ def main(argv=None) -> int:
         cfg = load_config(os.path.join(args.run, "config.yaml"))
         # (the latest checkpoint, also while a train still writes the run)
         trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
-        rets = evaluate_policy(trainer, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic)
+        from .trainers.callbacks import eval_seed
+
+        seed = eval_seed(cfg) if args.seed is None else args.seed  # (as the run's own evaluations)
+        rets = evaluate_policy(trainer, episodes=args.episodes, seed=seed, deterministic=not args.stochastic)
         trainer.close()
         result = {**return_stats(rets), "checkpoint": ckpt, "global_step": trainer.global_step,
-                  "env_id": cfg.env.id, "deterministic": not args.stochastic}
+                  "env_id": cfg.env.id, "deterministic": not args.stochastic, "seed": seed}
         if args.json:
             print(json.dumps(result))
         else:
@@ -80,7 +84,7 @@ def _evaluate_mindir(args) -> None:
     if args.checkpoint or args.stochastic:
         raise ConfigError("--checkpoint/--stochastic do not apply to --mindir (an exported policy is deterministic)")
     import_mindspore()
-    rets = evaluate_mindir(args.mindir, episodes=args.episodes, seed=args.seed)
+    rets = evaluate_mindir(args.mindir, episodes=args.episodes, seed=10_000 if args.seed is None else args.seed)
     result = {**return_stats(rets), "mindir": args.mindir, "deterministic": True}
     if args.json:
         print(json.dumps(result))

@@ -283,3 +283,24 @@ def test_data_parallel_launch_holds_the_run_lock_for_its_ranks(tmp_path, monkeyp
     assert seen == {"held_by_launcher": True, "timeouts": (300.0, 42.0)}  # the config's, to the launcher
     assert HELD_ENV not in os.environ and not (run_dir / "train.lock").exists()
     assert json.loads(capsys.readouterr().out)["status"] == "completed"
+
+
+@pytest.mark.integration
+def test_the_final_evaluation_and_evaluate_use_the_seed_of_the_evaluations_while_training(tmp_path):
+    """With run.seed 1 the evaluation at the last step (eval_every, seed run.seed + 10000) and the final one
+    (eval_mean_return, seed 10000) of the same weights disagreed: a run "solved" at a bar its own final evaluation
+    missed; evaluate --run reproduced only the final one."""
+    from scalebox_ms.config import load_config
+    from scalebox_ms.trainers.run import train_run
+
+    cfg = load_config(os.path.join(REPO, "configs", "ppo_cartpole.yaml"),
+                      ["run.seed=1", "run.total_steps=512", "run.eval_every=512", "run.eval_episodes=3",
+                       "env.num_envs=2", "ppo.n_steps=256", "ppo.batch_size=64", "ppo.n_epochs=1"])
+    summary = train_run(cfg, run_dir=str(tmp_path / "run"), progress=False, log=lambda s: None)
+    last = summary["evaluations"][-1]
+    assert last["step"] == summary["global_step"] == 512 and summary["eval_seed"] == 10001
+    assert summary["eval_mean_return"] == pytest.approx(last["mean"])
+    r = run_module("evaluate", "--run", tmp_path / "run", "--episodes", "3", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert result["seed"] == 10001 and result["mean_return"] == pytest.approx(summary["eval_mean_return"])

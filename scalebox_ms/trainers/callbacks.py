@@ -34,6 +34,12 @@ import numpy as np
 from .core import Callback
 
 
+def eval_seed(cfg) -> int:
+    """The seed of a run's evaluation envs: ``run.seed`` + 10,000, for the evaluations while training, the final one
+    (``eval_mean_return``) and ``python -m scalebox_ms.evaluate --run`` alike, so they agree on the same weights."""
+    return cfg.run.seed + 10_000
+
+
 class EvalCallback(Callback):
     """Evaluate every ``every_steps`` env steps; stop training once the mean return reaches ``threshold``."""
 
@@ -53,10 +59,10 @@ class EvalCallback(Callback):
 
     @classmethod
     def from_config(cls, cfg, log=None) -> "EvalCallback":
-        """The one ``run.eval_every``, ``run.eval_episodes``, ``run.stop_return`` ask for (seed: ``run.seed`` +
-        10,000, as the final evaluation)."""
+        """The one ``run.eval_every``, ``run.eval_episodes``, ``run.stop_return`` ask for (seed: :func:`eval_seed`,
+        as the final evaluation's)."""
         r = cfg.run
-        return cls(r.eval_every, r.eval_episodes, r.stop_return, seed=r.seed + 10_000, log=log)
+        return cls(r.eval_every, r.eval_episodes, r.stop_return, seed=eval_seed(cfg), log=log)
 
     def on_training_start(self, trainer) -> None:
         self._t0, self._eval_at_start = self.clock(), self.eval_s  # (a callback may serve several learn calls)

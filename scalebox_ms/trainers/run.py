@@ -25,7 +25,7 @@ from typing import List, Optional
 from ..config import Config
 from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_json, atomic_write_text
-from .callbacks import EvalCallback, ProgressBeat
+from .callbacks import EvalCallback, ProgressBeat, eval_seed
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
 from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, remove_stale_temporaries,
                         select_checkpoint, truncate_metrics)
@@ -392,7 +392,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         from .evaluation import EvaluationError, EvaluationInterrupted, evaluate_policy
 
         try:  # training and its checkpoint are complete: an evaluation that gives up is recorded, not fatal
-            rets, eval_error = evaluate_policy(trainer, episodes=cfg.run.eval_episodes,
+            rets, eval_error = evaluate_policy(trainer, episodes=cfg.run.eval_episodes, seed=eval_seed(cfg),
                                                should_stop=lambda: stopper.signum is not None), None
         except EvaluationInterrupted:  # a signal during the evaluation: stop now, as during training
             rets = None
@@ -407,7 +407,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     elif stopper.signum is None and (completed or solved) and cfg.run.eval_episodes > 0:
         summary.update({"eval_mean_return": float(np.mean(rets)) if len(rets) else None,
                         "eval_std_return": float(np.std(rets)) if len(rets) else None,
-                        "eval_episodes": len(rets), "eval_replayed_episodes": getattr(rets, "replayed", 0),
+                        "eval_episodes": len(rets), "eval_seed": eval_seed(cfg), "eval_replayed_episodes": getattr(rets, "replayed", 0),
                         "eval_env_events": list(getattr(rets, "env_events", [])), "eval_error": eval_error})
     summary = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
     if getattr(trainer, "auto_batch", None) is not None:
