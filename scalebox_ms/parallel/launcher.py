@@ -48,6 +48,7 @@ from .msrun_output import LAUNCHER_LOG, RANK_PID_DIR, Console, how_it_ended, wor
 #: a worker prints the Python stack of each of its threads into its log on this signal (``faulthandler``)
 STACK_SIGNAL = signal.SIGUSR1
 _beat_marker: Optional[str] = None  # (in a worker: its rank_<r>.beat, touched by beat())
+_job: Optional[tuple] = None  # (in a worker: (run_dir, rank, the time it started), for wait_for_rank_zero())
 
 
 def free_port() -> int:
@@ -77,8 +78,9 @@ def write_rank_pid(run_dir: str, rank: int) -> None:
     import atexit
     import faulthandler
 
-    global _beat_marker
+    global _beat_marker, _job
 
+    _job = (run_dir, rank, time.time())
     d = os.path.join(run_dir, RANK_PID_DIR)
     os.makedirs(d, exist_ok=True)
     pid = os.getpid()
@@ -113,6 +115,28 @@ def beat() -> None:
                 open(_beat_marker, "a").close()
         except OSError:
             pass
+
+
+def wait_for_rank_zero(poll: float = 0.1) -> None:
+    """In a rank > 0 whose work is done: return once rank 0 has written this job's ``summary.json`` (modified since
+    this worker started) or has ended (its exit marker, or its pid gone). MindSpore 2.10's shutdown of a worker was
+    seen to die of SIGSEGV now and then on a busy machine, and msrun then stops every other worker; its cluster
+    finalisation does not reliably wait for rank 0 (seen in CI: rank 1 died while rank 0 still evaluated). A rank
+    that leaves only after rank 0's summary cannot take down a run that has not been summarised (the launcher
+    accepts such a crash once the run has ended: :func:`_crash_after_the_run`). A no-op outside a job, on rank 0."""
+    if _job is None or _job[1] == 0:
+        return
+    run_dir, _, started = _job
+    log_dir = os.path.join(run_dir, RANK_PID_DIR)
+    pid = _rank_pids(log_dir).get(0)
+    summary = os.path.join(run_dir, "summary.json")
+    while pid is not None and _alive(pid) and not os.path.exists(os.path.join(log_dir, "rank_0.exit")):
+        try:
+            if os.stat(summary).st_mtime >= started:
+                return
+        except OSError:
+            pass
+        time.sleep(poll)
 
 
 def stalled_workers(log_dir: str, hang_timeout: float, now: Optional[float] = None) -> List[tuple]:

@@ -180,12 +180,16 @@ def _rank_hashes(trainer) -> dict:
 
 
 def _follow(trainer, until: Optional[int]):
-    """Ranks > 0: train in lockstep with rank 0 (same collectives, the same ``run.eval_every`` evaluations, added
-    by ``learn``), write nothing, return no summary. A resumed run that stopped solved trains on nowhere (rank 0
-    skips ``learn`` too: a lone rank's update AllReduce met rank 0's hash all-gather and failed)."""
+    """Ranks > 0: train in lockstep with rank 0 (same collectives, the same ``run.eval_every`` evaluations, added by
+    ``learn``), write nothing, return no summary, once rank 0 has written its own. A resumed run that stopped solved
+    trains on nowhere (rank 0 skips ``learn`` too: a lone rank's update AllReduce met rank 0's hash all-gather and
+    failed)."""
+    from ..parallel.launcher import wait_for_rank_zero
+
     if _solved_at_checkpoint(trainer, trainer.config) is None:
         trainer.learn(until=until, callbacks=[ProgressBeat()])
     _rank_hashes(trainer)
+    wait_for_rank_zero()  # (a crash in this rank's shutdown must not cut rank 0's summary short)
     return None
 
 
