@@ -77,6 +77,19 @@ def test_corrupt_latest_sidecar_names_the_newest_intact_one_and_checkpoint_resum
     assert no_temporaries(run_copy)
 
 
+def test_a_second_resume_from_an_earlier_checkpoint_overwrites_nothing_in_discarded(run_copy):
+    discarded = os.path.join(run_copy, "checkpoints", "discarded")
+    train_run(resume=run_copy, checkpoint=ckpt(run_copy, 64), until=128, log=quiet)  # moves 128 and 192 away
+    with open(os.path.join(discarded, "ckpt_000000000192.json"), "a") as f:
+        f.write(" ")  # tells the first discarded file apart from the second one of the same name
+    first = open(os.path.join(discarded, "ckpt_000000000128.json")).read()
+    train_run(resume=run_copy, checkpoint=ckpt(run_copy, 64), until=128, log=quiet)  # 128 again
+    assert open(os.path.join(discarded, "ckpt_000000000128.json")).read() == first
+    assert open(os.path.join(discarded, "ckpt_000000000192.json")).read().endswith(" ")
+    assert os.path.exists(os.path.join(discarded, "2", "ckpt_000000000128.ckpt"))
+    assert steps_in_metrics(run_copy) == [64, 128]
+
+
 def test_checkpoint_of_another_run_is_refused(run_copy, paused_run):
     with pytest.raises(ConfigError, match="not one of"):
         train_run(resume=run_copy, checkpoint=ckpt(paused_run, 128), log=quiet)

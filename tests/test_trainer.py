@@ -482,6 +482,14 @@ def test_loading_the_latest_checkpoint_of_a_run_still_being_pruned(tmp_path):
     (ckdir / "discarded" / "ckpt_000000000400.json").write_text("{}")
     with pytest.raises(CheckpointError, match="corrupt"):  # (accepted, then loaded)
         load_into(Corrupt(), str(ckdir / "discarded" / "ckpt_000000000400.json"), str(tmp_path))
+    (ckdir / "discarded" / "2").mkdir()  # where a second resume's discarded checkpoints go
+    (ckdir / "discarded" / "2" / "ckpt_000000000400.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_into(Corrupt(), str(ckdir / "discarded" / "2" / "ckpt_000000000400.json"), str(tmp_path))
+    (ckdir / "discarded-x").mkdir()  # a sibling whose name only starts like it
+    (ckdir / "discarded-x" / "ckpt_000000000400.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not one of"):
+        load_into(Corrupt(), str(ckdir / "discarded-x" / "ckpt_000000000400.json"), str(tmp_path))
 
 
 def test_run_seed_decides_the_initial_parameters_with_a_users_sandbox():

@@ -218,7 +218,8 @@ def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 
     if checkpoint:
         prefix = resolve_checkpoint(checkpoint)
         ckpt_dir = os.path.realpath(os.path.join(run_dir, "checkpoints"))
-        if os.path.realpath(os.path.dirname(prefix)) not in (ckpt_dir, os.path.join(ckpt_dir, "discarded")):
+        where = os.path.realpath(os.path.dirname(prefix))
+        if where != ckpt_dir and not (where + os.sep).startswith(os.path.join(ckpt_dir, "discarded", "")):
             # (the run's config.yaml built this trainer: another run's weights would load into it, or fail late)
             from ..errors import ConfigError
 

@@ -49,17 +49,24 @@ def select_checkpoint(run_dir: str, chosen: Optional[str]) -> Optional[str]:
 
 def discard_newer(run_dir: str, step: int, log) -> None:
     """Move checkpoint files of steps after ``step`` (a resume from an earlier checkpoint abandons them) into
-    ``checkpoints/discarded/``, where neither resume nor pruning looks."""
+    ``checkpoints/discarded/``, where neither resume nor pruning looks. Nothing there is overwritten: when an earlier
+    resume already put a file of the same name there, this one's files go to ``discarded/2/`` (``3/``, ...)."""
     ckpt_dir = os.path.join(run_dir, "checkpoints")
-    moved = set()
-    for path in glob.glob(os.path.join(ckpt_dir, "ckpt_*")):
+    later = []
+    for path in glob.glob(os.path.join(glob.escape(ckpt_dir), "ckpt_*")):
         m = re.match(r"ckpt_(\d+)\.", os.path.basename(path))
         if m and int(m.group(1)) > step:
-            os.makedirs(os.path.join(ckpt_dir, "discarded"), exist_ok=True)
-            os.replace(path, os.path.join(ckpt_dir, "discarded", os.path.basename(path)))
-            moved.add(m.group(0)[:-1])
-    if moved:
-        log(f"moved the later checkpoint(s) {', '.join(sorted(moved))} to {ckpt_dir}/discarded")
+            later.append((path, m.group(0)[:-1]))
+    if not later:
+        return
+    target, n = os.path.join(ckpt_dir, "discarded"), 1
+    while any(os.path.lexists(os.path.join(target, os.path.basename(path))) for path, _ in later):
+        n += 1
+        target = os.path.join(ckpt_dir, "discarded", str(n))
+    os.makedirs(target, exist_ok=True)
+    for path, _ in later:
+        os.replace(path, os.path.join(target, os.path.basename(path)))
+    log(f"moved the later checkpoint(s) {', '.join(sorted({name for _, name in later}))} to {target}")
 
 
 def remove_stale_temporaries(run_dir: str) -> None:
