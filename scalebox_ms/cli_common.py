@@ -36,6 +36,36 @@ def say_out(text: str) -> None:
         pass
 
 
+def emit(text: str, written: str = "") -> None:
+    """``text`` to stdout where it is the command's result (evaluate's scores, doctor's report, export's ``--json``):
+    a stdout that cannot take it (closed, ``> /dev/full``, a closed pipe) raises :class:`~.errors.OutputError`
+    naming stdout, never a silent success. ``written`` names what the command did write before (export's files)."""
+    from .errors import OutputError
+
+    done = f" ({written} written)" if written else ""
+    if sys.stdout is None:  # (Python's stdout when file descriptor 1 was closed at start)
+        raise OutputError(f"stdout is closed: the result was not printed{done}")
+    try:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError) as exc:
+        _drop_unwritten_stdout()
+        raise OutputError(f"stdout: {getattr(exc, 'strerror', None) or exc}: the result was not printed{done}") from None
+
+
+def _drop_unwritten_stdout() -> None:
+    """Point file descriptor 1 at /dev/null: what could not be written stays in stdout's buffer, and Python's own
+    flush at exit would fail again with a second message (``Exception ignored ...``) and exit code 120."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def run_cli(fn) -> int:
     """Call ``fn()``; turn scalebox_ms errors into one stderr line and exit code 2."""
     from .errors import ScaleboxError

@@ -30,7 +30,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
-from .cli_common import OneLineArgumentParser
+from .cli_common import OneLineArgumentParser, emit, say
+from .errors import OutputError
 
 
 _TARGETS = {"cpu": "CPU", "gpu": "GPU", "ascend": "Ascend"}
@@ -285,11 +286,15 @@ def main(argv=None) -> int:
     os.environ.setdefault("GLOG_v", "3")
     report = diagnose()
     if args.json:
-        print(json.dumps(report))
+        text = json.dumps(report)
     else:
-        for c in report["checks"]:
-            print(f"[{c['status']:>4s}] {c['name']:<14s} {c['detail']}")
-        print("usable" if report["usable"] else "NOT usable")
+        text = "\n".join([f"[{c['status']:>4s}] {c['name']:<14s} {c['detail']}" for c in report["checks"]]
+                         + ["usable" if report["usable"] else "NOT usable"])
+    try:
+        emit(text)
+    except OutputError as exc:
+        say(f"error: {exc}")
+        return 2
     return 0 if report["usable"] else 1
 
 

@@ -99,6 +99,10 @@ class CheckpointError(ScaleboxError):
     """A checkpoint that is missing, corrupt, or does not match the run."""
 
 
+class OutputError(ScaleboxError):
+    """A command's result could not be written to stdout (closed, a full disk, a closed pipe)."""
+
+
 class CustomOpError(ScaleboxError):
     """A custom (C++ aot) operator that cannot be built or used here: no compiler, a failed compile, a backend
     the kernel does not support, or a use that needs gradients of an inference-only kernel."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli_common import OneLineArgumentParser, import_mindspore, route_sigint_around_mindspore, run_cli
+from .cli_common import OneLineArgumentParser, emit, import_mindspore, route_sigint_around_mindspore, run_cli
 
 
 def build_parser():
@@ -61,9 +61,9 @@ def main(argv=None) -> int:
         result = {**return_stats(rets), "checkpoint": ckpt, "global_step": trainer.global_step,
                   "env_id": cfg.env.id, "deterministic": not args.stochastic, "seed": seed}
         if args.json:
-            print(json.dumps(result))
+            emit(json.dumps(result))
         else:
-            print(f"{cfg.env.id} @ step {trainer.global_step}: mean return {result['mean_return']:.2f} "
+            emit(f"{cfg.env.id} @ step {trainer.global_step}: mean return {result['mean_return']:.2f} "
                   f"+/- {result['std_return']:.2f} over {len(rets)} episodes ({os.path.basename(ckpt)})")
 
     return run_cli(go)
@@ -87,9 +87,9 @@ def _evaluate_mindir(args) -> None:
     rets = evaluate_mindir(args.mindir, episodes=args.episodes, seed=10_000 if args.seed is None else args.seed)
     result = {**return_stats(rets), "mindir": args.mindir, "deterministic": True}
     if args.json:
-        print(json.dumps(result))
+        emit(json.dumps(result))
     else:
-        print(f"{args.mindir}: mean return {result['mean_return']:.2f} +/- {result['std_return']:.2f} "
+        emit(f"{args.mindir}: mean return {result['mean_return']:.2f} +/- {result['std_return']:.2f} "
               f"over {len(rets)} episodes")
 
 

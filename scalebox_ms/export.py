@@ -377,7 +377,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    from .cli_common import import_mindspore, route_sigint_around_mindspore, run_cli
+    from .cli_common import emit, import_mindspore, route_sigint_around_mindspore, run_cli
 
     if argv is None:  # a process of its own: Ctrl-C must not become MindSpore's SIGTERM (see cli_common)
         route_sigint_around_mindspore()
@@ -416,13 +416,14 @@ def main(argv=None) -> int:
                                 activation_calibration=calib,
                                 percentile=99.99 if args.percentile is None else args.percentile, source=ckpt)
         trainer.close()
+        written = f"{output} and {sidecar_path(output)}"
         if args.json:
-            print(json.dumps({**sidecar, "path": output}))
+            emit(json.dumps({**sidecar, "path": output}), written)
         else:
             amp = sidecar["amp"]
             kind = (f"INT8 {level}" if args.int8 else "fp32" if amp["level"] == "O0"
                     else f"fp32 weights, {amp['dtype']} compute (amp.level {amp['level']})")
-            print(f"wrote {output} ({kind}, {sidecar['file_bytes']} bytes) and {sidecar_path(output)}")
+            emit(f"wrote {output} ({kind}, {sidecar['file_bytes']} bytes) and {sidecar_path(output)}", written)
 
     return run_cli(go)
 

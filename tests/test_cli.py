@@ -61,6 +61,18 @@ def test_cli_run_writes_every_artefact(tmp_path):
     assert r.stderr == ""  # (MindSpore's import printed ~10 WARNING lines here unless GLOG_v was set)
     ev = json.loads(r.stdout)
     assert ev["episodes"] == 4 and set(ev) >= {"mean_return", "std_return", "episodes"}
+    # a stdout that cannot take the result is an error naming stdout (it printed a traceback, or exited 0 silently)
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "scalebox_ms.evaluate", "--run", str(run_dir), "--episodes", "2"],
+                           stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+    assert (r.returncode, r.stderr) == (2, "error: stdout: No space left on device: the result was not printed\n")
+    out = tmp_path / "p.mindir"
+    r = subprocess.run([sys.executable, "-m", "scalebox_ms.export", "--run", str(run_dir), "--output", str(out),
+                        "--json"], stderr=subprocess.PIPE, text=True, env=env, timeout=300,
+                       preexec_fn=lambda: os.close(1))
+    assert (r.returncode, r.stderr) == (2, f"error: stdout is closed: the result was not printed ({out} and "
+                                           f"{out}.json written)\n")
+    assert out.exists()
 
 
 @pytest.mark.integration

@@ -105,3 +105,21 @@ def test_an_installed_package_whose_import_fails_is_a_failure(tmp_path, module):
     assert report["usable"] is False and check["status"] == "fail"
     assert check["detail"].endswith("is installed but its import fails: ImportError: libfoo.so: cannot open shared "
                                     "object file")
+
+
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+def test_a_report_stdout_cannot_take_is_an_error_naming_stdout(monkeypatch, capsys, stdout):
+    """``doctor > /dev/full`` ended in a traceback, ``doctor >&-`` exited 0 having printed nothing."""
+    import scalebox_ms.doctor as doctor
+
+    monkeypatch.setattr(doctor, "diagnose", lambda: {"usable": True, "checks": [
+        {"name": "python", "status": "ok", "detail": "3.11"}]})
+    if stdout == "closed":
+        monkeypatch.setattr(sys, "stdout", None)
+        assert doctor.main([]) == 2
+        assert capsys.readouterr().err == "error: stdout is closed: the result was not printed\n"
+        return
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        assert doctor.main(["--json"]) == 2
+    assert capsys.readouterr().err == "error: stdout: No space left on device: the result was not printed\n"
