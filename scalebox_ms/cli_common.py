@@ -118,15 +118,18 @@ def sigint_held():
     mishandles a KeyboardInterrupt raised inside it: MindSpore's graph compiler (``ms.export``) turned one into ~30
     lines of ANALYZER errors and an ``analyze_fail.ir`` dump in the working directory, or lost it and went on.
     Only in the main thread with Python's default SIGINT handler; else (ignored, or a handler of yours) the block
-    runs as it is."""
+    runs as it is.
+
+    It yields a function that tells whether a Ctrl-C is held, for a long block to stop early at a safe point
+    (``evaluate_policy(..., should_stop=asked)``)."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
+        yield lambda: False
         return
     held = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
-        yield
+        yield lambda: bool(held)
     except BaseException as exc:  # (an error after a Ctrl-C: the Ctrl-C is what was asked for)
         if held:
             raise KeyboardInterrupt from exc

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli_common import OneLineArgumentParser, emit, import_mindspore, route_sigint_around_mindspore, run_cli
+from .cli_common import (OneLineArgumentParser, emit, import_mindspore, route_sigint_around_mindspore, run_cli,
+                         sigint_held)
 
 
 def build_parser():
@@ -51,12 +52,16 @@ def main(argv=None) -> int:
         from .trainers.evaluation import evaluate_policy
 
         cfg = load_config(os.path.join(args.run, "config.yaml"))
-        # (the latest checkpoint, also while a train still writes the run)
-        trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
+        # Ctrl-C: held while graphs compile (MindSpore turned one into a screen of errors and an analyze_fail.ir),
+        # and the evaluation stops at its next env step
+        with sigint_held():  # (the latest checkpoint, also while a train still writes the run)
+            trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
         from .trainers.callbacks import eval_seed
 
         seed = eval_seed(cfg) if args.seed is None else args.seed  # (as the run's own evaluations)
-        rets = evaluate_policy(trainer, episodes=args.episodes, seed=seed, deterministic=not args.stochastic)
+        with sigint_held() as asked:
+            rets = evaluate_policy(trainer, episodes=args.episodes, seed=seed, deterministic=not args.stochastic,
+                                   should_stop=asked)
         trainer.close()
         result = {**return_stats(rets), "checkpoint": ckpt, "global_step": trainer.global_step,
                   "env_id": cfg.env.id, "deterministic": not args.stochastic, "seed": seed}
@@ -84,7 +89,9 @@ def _evaluate_mindir(args) -> None:
     if args.checkpoint or args.stochastic:
         raise ConfigError("--checkpoint/--stochastic do not apply to --mindir (an exported policy is deterministic)")
     import_mindspore()
-    rets = evaluate_mindir(args.mindir, episodes=args.episodes, seed=10_000 if args.seed is None else args.seed)
+    with sigint_held() as asked:  # (as in main: no Ctrl-C inside MindSpore's graph compile)
+        rets = evaluate_mindir(args.mindir, episodes=args.episodes, seed=10_000 if args.seed is None else args.seed,
+                               should_stop=asked)
     result = {**return_stats(rets), "mindir": args.mindir, "deterministic": True}
     if args.json:
         emit(json.dumps(result))

@@ -122,8 +122,9 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         if trainer.global_step == 0:
             raise ConfigError("quantize: the policy is untrained (global_step 0); INT8 calibration needs a trained "
                               "one: train first, or load a later checkpoint (export --checkpoint)")
-        data = collect_calibration_data(trainer, calibrate_steps)
-        policy = quantizer(trainer, data)
+        with sigint_held():  # (Ctrl-C inside the policy's first compile: MindSpore's error dump, see sigint_held)
+            data = collect_calibration_data(trainer, calibrate_steps)
+            policy = quantizer(trainer, data)
         quant_info = policy.info
     else:  # the deterministic policy: PPO's ActorCritic, or the off-policy trainers' DeployActor
         policy = trainer.deploy_policy() if hasattr(trainer, "deploy_policy") else trainer.model
@@ -337,8 +338,10 @@ class MindIRPolicy:
         return actions
 
 
-def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs: int = 16) -> List[float]:
-    """Episodes of an exported policy on fresh gymnasium envs (same protocol as ``evaluate_policy``)."""
+def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs: int = 16,
+                    should_stop=None) -> List[float]:
+    """Episodes of an exported policy on fresh gymnasium envs (same protocol as ``evaluate_policy``, whose
+    ``should_stop`` this passes on)."""
     from .trainers.evaluation import run_episodes
 
     policy = MindIRPolicy(path)
@@ -347,7 +350,7 @@ def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs:
         return policy.env_actions(policy(obs))
 
     return run_episodes(policy.sidecar["env_id"], policy.sidecar.get("env_kwargs") or {}, act, episodes, seed,
-                        max_envs, preprocess=policy.sidecar.get("env_preprocess", "auto"))
+                        max_envs, preprocess=policy.sidecar.get("env_preprocess", "auto"), should_stop=should_stop)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
@@ -377,7 +380,7 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    from .cli_common import emit, import_mindspore, route_sigint_around_mindspore, run_cli
+    from .cli_common import emit, import_mindspore, route_sigint_around_mindspore, run_cli, sigint_held
 
     if argv is None:  # a process of its own: Ctrl-C must not become MindSpore's SIGTERM (see cli_common)
         route_sigint_around_mindspore()
@@ -410,8 +413,9 @@ def main(argv=None) -> int:
         # the C++ patches kernel or the oneDNN op exports on a machine without a compiler too
         cfg.policy.conv_kernel = "builtin"
         cfg.policy.conv_backend = "im2col"
-        # (the latest checkpoint, also while a train still writes the run)
-        trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
+        # (the latest checkpoint, also while a train still writes the run; Ctrl-C held while its graphs compile)
+        with sigint_held():
+            trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
         sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=args.calibrate_steps,
                                 activation_calibration=calib,
                                 percentile=99.99 if args.percentile is None else args.percentile, source=ckpt)

@@ -73,6 +73,33 @@ def test_cli_run_writes_every_artefact(tmp_path):
     assert (r.returncode, r.stderr) == (2, f"error: stdout is closed: the result was not printed ({out} and "
                                            f"{out}.json written)\n")
     assert out.exists()
+    # Ctrl-C while MindSpore compiles the first graph (loading the checkpoint): MindSpore's compiler printed ~30
+    # lines of errors and left rank_0/om/analyze_fail.ir in the working directory
+    driver = tmp_path / "ctrl_c_in_compile.py"
+    driver.write_text(CTRL_C_IN_COMPILE)
+    for module, args in (("evaluate", []), ("export", ["--output", str(tmp_path / "q.mindir")])):
+        r = subprocess.run([sys.executable, str(driver), module, "--run", str(run_dir), *args], capture_output=True,
+                           text=True, env=env, timeout=300, cwd=str(tmp_path))
+        assert (r.returncode, r.stdout, r.stderr) == (130, "", "interrupted\n"), (module, r.stderr[-2000:])
+        assert not (tmp_path / "rank_0").exists() and not (tmp_path / "q.mindir").exists()
+
+
+CTRL_C_IN_COMPILE = """
+import os, signal, sys, time
+from scalebox_ms import import_mindspore
+import_mindspore()
+import mindspore.graph._parse.parser as parser
+original = parser.get_obj_type
+def get_obj_type(obj):  # (MindSpore's compiler calls it while it parses a Cell)
+    if parser.get_obj_type is get_obj_type:
+        parser.get_obj_type = original
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # (the handler runs here, inside the compile)
+    return original(obj)
+parser.get_obj_type = get_obj_type
+module = __import__("scalebox_ms." + sys.argv[1], fromlist=["main"])
+sys.exit(module.main(sys.argv[2:]))
+"""
 
 
 @pytest.mark.integration
