@@ -202,6 +202,24 @@ class Config:
     amp: AmpConfig = field(default_factory=AmpConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
+    def __post_init__(self):  # Config(algo="sac"): SAC's default networks, as from a file saying algo: sac
+        if self.algo != "ppo":
+            self._apply_policy_defaults("ppo", self.algo)
+
+    def __setattr__(self, name, value):
+        """``cfg.algo = "sac"`` switches the algorithm as ``--set algo=sac`` does: policy settings left at the old
+        algorithm's defaults take the new one's (PPO's 64-64 tanh networks trained SAC otherwise)."""
+        old = self.__dict__.get("algo")
+        super().__setattr__(name, value)
+        if name == "algo" and "policy" in self.__dict__ and old != value:
+            self._apply_policy_defaults(old, value)
+
+    def _apply_policy_defaults(self, old, new) -> None:
+        if old in ALGOS and new in ALGOS:  # (an unknown name is refused when the config is checked)
+            for key, default in POLICY_DEFAULTS[old].items():
+                if getattr(self.policy, key) == default:
+                    setattr(self.policy, key, copy.deepcopy(POLICY_DEFAULTS[new][key]))
+
     @property
     def algo_config(self):
         """The active algorithm's section (``cfg.ppo``, ``cfg.dqn``, ...)."""
@@ -225,11 +243,10 @@ class Config:
             data = {}
         if not isinstance(data, dict):
             raise ConfigError(f"config: expected a mapping of sections, got {type(data).__name__}")
-        cfg.algo = algo = coerce("algo", str, data.get("algo", "ppo"))
+        algo = coerce("algo", str, data.get("algo", "ppo"))
         if algo not in ALGOS:
             raise ConfigError(f"algo: {short_repr(algo)} is not one of {', '.join(ALGOS)}")
-        for key, value in POLICY_DEFAULTS[algo].items():  # the algorithm's default networks (SB3's)
-            setattr(cfg.policy, key, copy.deepcopy(value))
+        cfg.algo = algo  # (with the algorithm's default networks, SB3's: see __setattr__)
         sections = {f.name: f for f in dataclasses.fields(cls)}
         for name, value in data.items():
             if name == "algo":

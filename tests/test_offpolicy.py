@@ -41,6 +41,13 @@ def test_algo_sections_and_defaults():
     td3 = cfg.with_overrides(["policy.vf_layers=[8]", "algo=td3"])
     assert td3.policy.pi_layers == [400, 300] and td3.policy.vf_layers == [8]  # the user's change is kept
     assert Config().to_dict()["algo"] == "ppo" and "dqn" not in Config().to_dict()
+    # in Python as from a file: Config(algo=...) and cfg.algo = ... kept PPO's 64-64 tanh networks for SAC
+    by_attribute = Config()
+    by_attribute.algo = "sac"
+    assert by_attribute == Config(algo="sac") == cfg
+    by_attribute.policy.vf_layers = [8]
+    by_attribute.algo = "td3"
+    assert by_attribute == td3 and Config(algo="td3") != td3
 
 
 @pytest.mark.parametrize("data, message", [
