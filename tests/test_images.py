@@ -475,6 +475,12 @@ def test_a_bad_atari_kwarg_is_named_apart_from_the_frameskip_scalebox_ms_adds():
     with pytest.raises(ConfigError, match=r"^env\.id: cannot create 'ALE/Breakout-v5' with env\.kwargs=\{'foo': 1\} "
                                           r"\(and \{'frameskip': 1\} set by scalebox_ms\) \(.*unexpected keyword"):
         make_vec_env(BREAKOUT, 1, {"foo": 1}, preprocess="auto")
+    # ale-py took 2.0 and repeated every action (the agent's were ignored)
+    for p in (2.0, -0.1, "0.25"):
+        with pytest.raises(ConfigError, match=r"^env\.kwargs\.repeat_action_probability: must be a number in \[0, 1\]"):
+            make_vec_env(BREAKOUT, 1, {"repeat_action_probability": p}, preprocess="auto")
+    env = make_vec_env(BREAKOUT, 1, {"repeat_action_probability": 1}, preprocess="auto")
+    env.close()
 
 
 @pytest.mark.integration

@@ -76,6 +76,16 @@ def require_atari_id(env_id: str) -> None:
                           f"...), not {short_repr(env_id)}")
 
 
+def check_kwargs(kwargs: dict) -> None:
+    """ConfigError for the ale-py arguments ale-py itself takes out of range: a ``repeat_action_probability``
+    outside [0, 1] (2.0 repeated every action: the agent's actions were ignored)."""
+    p = kwargs.get("repeat_action_probability")
+    if p is not None and not (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 1):
+        from ..errors import ConfigError, short_repr
+
+        raise ConfigError(f"env.kwargs.repeat_action_probability: must be a number in [0, 1], got {short_repr(p)}")
+
+
 def make_kwargs(preprocess: str, kwargs: dict) -> dict:
     """The base env's keyword arguments: AtariPreprocessing skips frames itself, so ALE must not."""
     if preprocess == "atari":

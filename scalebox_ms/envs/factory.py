@@ -69,6 +69,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         atari.require_atari_id(env_id)
     ale = atari.is_atari(env_id)
     given = dict(kwargs or {})  # (the user's env.kwargs, for messages: scalebox_ms may add some below)
+    if ale:
+        atari.check_kwargs(given)
     kwargs = atari.make_kwargs(preprocess, given)
     wrap = (preprocess, evaluation)
     registered_id = env_id
