@@ -247,10 +247,10 @@ def load(trainer, path: str, replay: bool = True):
                 update_statistics=False)
         if c.reward_scaler is not None:
             c.reward_scaler.returns[:] = 0.0
-    elif inflight is not None and ck["env"] is not None and _env_changes(trainer, ck_env, ck["env"]):
+    elif inflight is not None and ck["env"] is not None and (changes := _env_changes(trainer, ck_env, ck["env"])):
         # the checkpoint's pickled envs are not this trainer's (another env.kwargs or backend, e.g. fine-tuning on
         # changed dynamics; isolated workers): keep this trainer's envs, fresh episodes seeded from (seed, step)
-        changed = " and ".join(_env_changes(trainer, ck_env, ck["env"]))
+        changed = " and ".join(changes)
         trainer.log.warning(f"checkpoint {os.path.basename(ck['prefix'])}: its envs were built with another "
                             f"{changed} than this trainer's: its in-flight episodes are not restored; this "
                             "trainer's envs start fresh episodes")
