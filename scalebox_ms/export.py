@@ -143,15 +143,12 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         raise ConfigError(f"--output {output}: is a directory")
     tmp_name = re.sub(r"[^0-9A-Za-z_.-]", "_", f".tmp-{os.path.basename(output)[:-7]}-{os.getpid()}")
     tmp_prefix = os.path.join(directory, tmp_name)
-    # MindSpore takes only file names of [0-9a-zA-Z@_-.:/\\] (a space or a non-ASCII letter is a ValueError): in a
-    # directory named otherwise it writes the temporary file by its bare name from within that directory
-    plain = re.fullmatch(r"[0-9a-zA-Z@_\-.:/\\]+", tmp_prefix) is not None
     try:
         os.makedirs(directory, exist_ok=True)
         # (Ctrl-C: held until the compile is done, then raised here, and the temporary file removed)
-        with sigint_held(), builtin_patches(cell), (contextlib.nullcontext() if plain else _cwd(directory)):
+        with sigint_held(), builtin_patches(cell), _nameable(directory, tmp_name) as file_name:
             # (MindSpore ops only: an aot kernel's library does not travel with the file)
-            ms.export(cell, *inputs, file_name=tmp_prefix if plain else tmp_name, file_format="MINDIR")
+            ms.export(cell, *inputs, file_name=file_name, file_format="MINDIR")
         if os.path.exists(sidecar_path(output)):  # an export stopped between the two files leaves no stale pair
             os.unlink(sidecar_path(output))
         os.chmod(tmp_prefix + ".mindir", 0o666 & ~umask())  # (MindSpore writes 0400: unreadable to a service user)
@@ -177,15 +174,27 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
 
 
 @contextlib.contextmanager
-def _cwd(directory: str):
-    """``directory`` as the process's working directory for the block (contextlib.chdir is Python 3.11+; this one
-    changes it for every thread too: used only around ``ms.export`` into a directory MindSpore cannot name)."""
-    before = os.getcwd()
-    os.chdir(directory)
-    try:
-        yield
-    finally:
-        os.chdir(before)
+def _nameable(directory: str, name: str):
+    """A path to ``directory/name`` that ``ms.export`` takes: MindSpore accepts only file names of
+    [0-9a-zA-Z@_-.:/\\] (a space or a non-ASCII letter is a ValueError). In a directory named otherwise: the
+    directory through an open descriptor (``/proc/self/fd/N/name``, Linux), else the bare name from within the
+    directory as the working directory (which changes it for every thread of the process)."""
+    path = os.path.join(directory, name)
+    if re.fullmatch(r"[0-9a-zA-Z@_\-.:/\\]+", path):
+        yield path
+    elif os.path.isdir("/proc/self/fd"):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            yield f"/proc/self/fd/{fd}/{name}"
+        finally:
+            os.close(fd)
+    else:  # pragma: no cover - not Linux
+        before = os.getcwd()
+        os.chdir(directory)
+        try:
+            yield name
+        finally:
+            os.chdir(before)
 
 
 def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:

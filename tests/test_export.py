@@ -76,6 +76,10 @@ def test_export_to_a_path_with_spaces_and_non_ascii_letters(cartpole, tmp_path, 
     out_dir = tmp_path / "my runs" / "pö licy"
     path = str(out_dir / "pol icy.mindir")
     monkeypatch.chdir(tmp_path)
+
+    def chdir(_):  # it did, to write by a bare name: another thread's relative paths then went elsewhere
+        raise AssertionError("export changed the working directory")
+    monkeypatch.setattr(os, "chdir", chdir)
     export_mindir(cartpole, path, int8=int8, calibrate_steps=64)
     assert sorted(os.listdir(out_dir)) == ["pol icy.mindir", "pol icy.mindir.json"]  # (no temporary file left)
     obs = np.random.default_rng(0).uniform(-0.2, 0.2, (16, 4)).astype(np.float32)
