@@ -770,8 +770,11 @@ def test_runs_stop_at_the_phase_boundary_and_resume_from_a_cut_iteration(tmp_pat
     assert not steps_match(d, 284, 1) and not steps_match(d, 122, 1) and not steps_match(d, 4, 2)
 
 
-def test_set_parameters_reaches_the_off_policy_actor_graphs():
-    """The shared trainer core's set_parameters, on an off-policy learner (actor, critics, targets, log_alpha)."""
+def test_set_parameters_reaches_the_off_policy_actor_graphs(tmp_path):
+    """The shared trainer core's set_parameters, on an off-policy learner (actor, critics, targets, log_alpha), by
+    the names of the .ckpt file (get_parameters named the twin critics' ensemble tensors, the file each critic)."""
+    import mindspore as ms
+
     from scalebox_ms.trainers import make_trainer
 
     def sac(seed):
@@ -784,9 +787,20 @@ def test_set_parameters_reaches_the_off_policy_actor_graphs():
         a.learn(until=64)  # (its graphs have run)
         obs = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
         assert not np.array_equal(a.predict(obs), b.predict(obs))
-        a.set_parameters(b.get_parameters())
+        b.save(str(tmp_path / "b"))
+        from_file = ms.load_checkpoint(str(tmp_path / "b.ckpt"))
+        assert set(b.get_parameters()) == set(from_file) and any(".qf1." in n for n in from_file)
+        a.set_parameters(from_file)
         np.testing.assert_array_equal(a.predict(obs), b.predict(obs))
         assert a.parameters_sha256() == b.parameters_sha256()
+        # one critic's slice: the other critic keeps its weights
+        name = next(n for n in from_file if ".qf1." in n and n.startswith("model.critic.") and n.endswith("weight"))
+        before = a.get_parameters()
+        a.set_parameters({name: before[name] + 1})
+        after = a.get_parameters()
+        assert [n for n in before if not np.array_equal(before[n], after[n])] == [name]
+        with pytest.raises(ValueError, match=r"has shape \(2,\), this trainer's has"):
+            a.set_parameters({name: np.zeros(2, np.float32)})
     finally:
         a.close(), b.close()
 

@@ -223,36 +223,54 @@ class Trainer:
     def get_parameters(self) -> dict:
         """``{name: numpy array}`` of everything a checkpoint holds of the networks, by its checkpoint names
         (``model.*``: the networks, targets included; ``optimizer.*``: Adam's state; ``amp.*``: the loss scaler), in
-        the logical ``nn.Dense`` layout; copies."""
-        return {name: np.array(self.model.to_logical(name, param.asnumpy()))
-                for name, param in self._named_state()}
+        the logical ``nn.Dense`` layout (the off-policy twin critics per critic, ``qf0.*``/``qf1.*``, as the
+        ``.ckpt`` file holds them); copies."""
+        items = getattr(self.model, "checkpoint_items", None)
+        out = {}
+        for name, param in self._named_state():
+            array = np.array(self.model.to_logical(name, param.asnumpy()))
+            out.update((n, np.array(a)) for n, a in (items(name, array) if items is not None else [(name, array)]))
+        return out
 
     def set_parameters(self, values) -> None:
-        """Write some or all of :meth:`get_parameters`' entries (a dict or (name, value) pairs; numpy arrays,
-        Tensors or Parameters; ``model.`` may be left out of a network's name) so that the compiled graphs see
-        them: MindSpore 2.10's ``Parameter.set_data``, and so ``ms.load_param_into_net(trainer.model, ...)``, are
-        not seen by a graph that already ran (``predict`` would go on acting with the old weights). An unknown name
-        or a wrong shape is a ValueError, and then nothing is written."""
+        """Write some or all of :meth:`get_parameters`' entries (a dict or (name, value) pairs, e.g. a ``.ckpt``
+        file's ``ms.load_checkpoint``; numpy arrays, Tensors or Parameters; ``model.`` may be left out of a network's
+        name) so that the compiled graphs see them: MindSpore 2.10's ``Parameter.set_data``, and so
+        ``ms.load_param_into_net(trainer.model, ...)``, are not seen by a graph that already ran (``predict`` would
+        go on acting with the old weights). An unknown name or a wrong shape is a ValueError, and then nothing is
+        written."""
         import mindspore as ms
 
         from ..ops import AssignParameters
 
         named = dict(self._named_state())
-        params, arrays = [], []
+        items = getattr(self.model, "checkpoint_items", None)
+        logical = {key: np.array(self.model.to_logical(key, param.asnumpy())) for key, param in named.items()}
+        member = {}  # checkpoint name of one twin critic's slice -> (the stored ensemble name, its index)
+        for key, array in logical.items():
+            for k, (n, _) in enumerate(items(key, array) if items is not None else []):
+                if n != key:
+                    member[n] = (key, k)
+        written = {}
         for name, value in (values.items() if isinstance(values, dict) else values):
-            key = name if name in named or not isinstance(name, str) else "model." + name
-            if key not in named:
+            key = name if not isinstance(name, str) or name in named or name in member else "model." + name
+            stored, k = member.get(key, (key, None))
+            if stored not in named:
                 raise ValueError(f"set_parameters: {name!r} is none of this trainer's parameters (get_parameters() "
                                  f"names them)")
-            param = named[key]
             array = np.asarray(value.asnumpy() if hasattr(value, "asnumpy") else value)
-            logical = self.model.to_logical(key, param.asnumpy()).shape
-            if array.shape != logical:
-                raise ValueError(f"set_parameters: {name!r} has shape {array.shape}, this trainer's has {logical}")
-            params.append(param)
-            arrays.append(ms.Tensor(np.asarray(self.model.to_storage(key, array), dtype=param.asnumpy().dtype)))
-        if params:
-            AssignParameters(params).write(arrays)
+            want = logical[stored].shape if k is None else logical[stored].shape[1:]
+            if array.shape != want:
+                raise ValueError(f"set_parameters: {name!r} has shape {array.shape}, this trainer's has {want}")
+            if k is None:
+                written[stored] = array
+            else:  # (one critic's slice of the ensemble tensor: the other critic's stays as it is)
+                written.setdefault(stored, logical[stored].copy())[k] = array
+        if written:
+            params = [named[key] for key in written]
+            AssignParameters(params).write([
+                ms.Tensor(np.asarray(self.model.to_storage(key, array), dtype=named[key].asnumpy().dtype))
+                for key, array in written.items()])
             self._weights_changed()
 
     def _weights_changed(self) -> None:
