@@ -122,8 +122,10 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         if trainer.global_step == 0:
             raise ConfigError("quantize: the policy is untrained (global_step 0); INT8 calibration needs a trained "
                               "one: train first, or load a later checkpoint (export --checkpoint)")
-        with sigint_held():  # (Ctrl-C inside the policy's first compile: MindSpore's error dump, see sigint_held)
-            data = collect_calibration_data(trainer, calibrate_steps)
+        # (Ctrl-C held while graphs compile, which MindSpore turns into a screen of errors; calibration stops at its
+        # next env step)
+        with sigint_held() as asked:
+            data = collect_calibration_data(trainer, calibrate_steps, should_stop=asked)
             policy = quantizer(trainer, data)
         quant_info = policy.info
     else:  # the deterministic policy: PPO's ActorCritic, or the off-policy trainers' DeployActor

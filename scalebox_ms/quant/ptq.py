@@ -276,10 +276,11 @@ class DynamicQuantizer:
         return scales
 
 
-def collect_calibration_data(trainer, steps: int, seed: int = 12_345) -> np.ndarray:
+def collect_calibration_data(trainer, steps: int, seed: int = 12_345, should_stop=None) -> np.ndarray:
     """Run the trainer's deterministic policy on fresh envs (``min(num_envs, 8)`` copies, isolated in worker
     processes as the trainer's own envs are) until ``steps`` env steps are done; return the normalised
-    observations it saw, (steps, obs_dim) float32."""
+    observations it saw, (steps, obs_dim) float32. ``should_stop`` (asked before every vector step) returning True
+    stops it with KeyboardInterrupt."""
     from ..envs import make_vec_env
     from ..trainers.evaluation import isolation_kwargs
 
@@ -292,6 +293,8 @@ def collect_calibration_data(trainer, steps: int, seed: int = 12_345) -> np.ndar
         obs, _ = env.reset(seed=seed)
         seen = []
         for _ in range(-(-steps // n)):
+            if should_stop is not None and should_stop():
+                raise KeyboardInterrupt
             seen.append(trainer.normalize_obs(obs, update=False))
             obs, *_ = env.step(trainer.predict(obs, deterministic=True))
         return np.concatenate(seen, axis=0)[:steps]
