@@ -411,6 +411,48 @@ def test_loading_into_a_trainer_that_trained_on_restarts_from_the_checkpoint(tmp
         fresh.close()
 
 
+def test_a_fixed_ent_coef_stays_the_trainers_own_after_load(tmp_path):
+    """A checkpoint of sac.ent_coef 0.5 loaded into a trainer of 0.01 (fine-tuning) trained on with 0.5: the
+    temperature lives in a Parameter, which load restored."""
+    from scalebox_ms.trainers import make_trainer
+
+    a = make_trainer(sac_config(ent_coef=0.5, learning_starts=20))
+    b = make_trainer(sac_config(ent_coef=0.01, learning_starts=20))
+    try:
+        a.learn(until=40)
+        b.load(a.save(str(tmp_path / "a")))
+        assert np.exp(b.learner.log_alpha.asnumpy()[0]) == pytest.approx(0.01, rel=1e-6)
+        b.learn(until=60)
+        assert b._last_metrics["ent_coef"] == pytest.approx(0.01, rel=1e-5)
+    finally:
+        a.close(), b.close()
+
+
+def test_a_checkpoint_of_another_parameter_set_is_refused_before_anything_is_loaded(tmp_path):
+    """ent_coef 'auto' (a temperature optimizer) into a trainer of a fixed ent_coef: load overwrote the weights, the
+    counters and the replay, then failed with 'restored parameters do not hash to the recorded param_sha256', and the
+    half-loaded trainer trained and saved on."""
+    from scalebox_ms.errors import CheckpointError
+    from scalebox_ms.trainers import make_trainer
+
+    a = make_trainer(sac_config(learning_starts=20))
+    b = make_trainer(sac_config(ent_coef=0.5, learning_starts=20))
+    try:
+        a.learn(until=40)
+        path = a.save(str(tmp_path / "a"))
+        before = b.get_parameters()
+        with pytest.raises(CheckpointError, match=r"it holds model\.alpha_optimizer\..* and 2 more, which this model "
+                                                  r"has no place for; it was trained with another config \(sac\.ent_coef="
+                                                  r"auto -> 0\.5: checkpoint -> this trainer\)"):
+            b.load(path)
+        assert b.global_step == 0 and len(b.replay) == 0
+        assert all(np.array_equal(before[n], v) for n, v in b.get_parameters().items())
+        with pytest.raises(CheckpointError, match=r"missing model\.alpha_optimizer.*sac\.ent_coef=0\.5 -> auto"):
+            a.load(b.save(str(tmp_path / "b")))
+    finally:
+        a.close(), b.close()
+
+
 def test_save_after_learn_was_interrupted_mid_phase_is_refused_in_one_line(tmp_path):
     """A KeyboardInterrupt inside a training phase (Ctrl-C in one's own script) left global_step between phase
     boundaries: save wrote a checkpoint that load then refused ("global_step 53 does not fit iteration 0").

@@ -114,6 +114,27 @@ def test_continuous_actions_clip_to_bounds_and_learn_step():
     tr.close()
 
 
+def test_reward_scaling_after_load_keeps_the_trainers_settings_and_no_dead_episodes_returns(tmp_path):
+    """load() took gamma and clip of the reward scaling from the checkpoint (fine-tuning with ppo.gamma 0.9 scaled
+    rewards with 0.99), and an env that cannot be pickled restarted its episodes with the old ones' returns."""
+    cfg = small_config(env={"normalize_reward": True}, ppo={"gamma": 0.99})
+    a = PPOTrainer(cfg)
+    a.learn(until=64)
+    path = a.save(str(tmp_path / "a"))
+    b = PPOTrainer(small_config(env={"normalize_reward": True, "clip_reward": 0.5}, ppo={"gamma": 0.9}))
+    b.load(path)
+    scaler = b.collector.reward_scaler
+    assert (scaler.gamma, scaler.clip) == (0.9, 0.5) and scaler.rms.count == a.collector.reward_scaler.rms.count
+    a.close(), b.close()
+    # space_envs' DictMatch cannot be pickled: the resumed trainer starts fresh episodes
+    c = PPOTrainer(small_config(env={"id": "space_envs:DictMatch-v0", "num_envs": 2, "normalize_reward": True}))
+    c.learn(until=64)
+    assert np.any(c.collector.reward_scaler.returns != 0)
+    d = PPOTrainer.from_checkpoint(c.save(str(tmp_path / "c")))
+    assert np.all(d.collector.reward_scaler.returns == 0) and d.collector.reward_scaler.rms.count > 0
+    c.close(), d.close()
+
+
 @pytest.mark.parametrize("kernel", ["builtin", "auto"])  # the update graph's optimizer state, and the C++ kernel's
 def test_checkpoint_roundtrip_restores_everything(tmp_path, kernel):
     small_cfg = small_config(ppo={"update_kernel": kernel})

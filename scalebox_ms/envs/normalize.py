@@ -131,6 +131,7 @@ class RewardScaler:
                 "clip": self.clip, "epsilon": self.epsilon}
 
     def load_state_dict(self, state: dict) -> None:
+        """The statistics and the per-env returns; ``gamma``, ``clip`` and ``epsilon`` stay this scaler's (its
+        trainer's config, which may differ from a checkpoint's when fine-tuning)."""
         self.rms.load_state_dict(state["rms"])
         self.returns = np.asarray(state["returns"], np.float64)
-        self.gamma, self.clip, self.epsilon = float(state["gamma"]), float(state["clip"]), float(state["epsilon"])

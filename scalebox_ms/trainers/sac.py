@@ -152,6 +152,23 @@ class SACTrainer(OffPolicyTrainer):
     algo = "sac"
     learner_class = SACLearner
 
+    def load(self, path: str, replay: bool = True):
+        """As the other trainers' (restore everything from a checkpoint); a fixed ``sac.ent_coef`` (a number) stays
+        this trainer's: fine-tuning a checkpoint with another temperature trained on with the checkpoint's."""
+        out = super().load(path, replay=replay)
+        learner = self.learner
+        if not learner.learn_alpha:
+            want = np.log(np.float32(entropy_coefficient(self.config.sac.ent_coef)[1])).reshape(1)
+            had = learner.log_alpha.asnumpy()
+            if not np.array_equal(had, want):
+                from ..ops import AssignParameters
+
+                AssignParameters([learner.log_alpha]).write([ms.Tensor(want)])
+                self._weights_changed()
+                self.log.info(f"sac.ent_coef: {self.config.sac.ent_coef} (this trainer's config; the checkpoint "
+                              f"trained with {float(np.exp(had[0])):.6g})")
+        return out
+
     def _train_noise(self, rng, steps, batch):
         return rng.standard_normal((steps, 2, batch, self.spec.action_dim)).astype(np.float32)
 

@@ -172,6 +172,31 @@ def _check_same_function(trainer, ck_cfg: dict, prefix: str) -> None:
                                   "trainer from the checkpoint's config (load_trainer(path))")
 
 
+def _unplaced(trainer, tensors: dict, named) -> list:
+    """The checkpoint tensors none of this trainer's Parameters takes (its per-critic names of a TwinCritic ensemble
+    count as taken): a model built from another config (SAC's ent_coef 'auto' has a temperature optimizer, AMP a
+    loss scaler), whose parameter hash the checkpoint's cannot match."""
+    items = getattr(trainer.model, "checkpoint_items", None)
+    taken = set()
+    for name, _ in named:
+        taken.add(name)
+        if items is not None:
+            taken.update(n for n, _ in items(name, tensors[name]))
+    return sorted(n for n in tensors if n not in taken)
+
+
+def _config_hint(trainer, sc: dict) -> str:
+    """'; it was trained with another config (key=old -> new, ...)' naming the first differences, or ''."""
+    from .lifecycle import config_changes
+
+    changes = config_changes(sc.get("config") or {}, trainer.config.to_dict(), free=())
+    if not changes:
+        return ""
+    more = f", and {len(changes) - 4} more" if len(changes) > 4 else ""
+    return (f"; it was trained with another config ({', '.join(changes[:4])}{more}: checkpoint -> this trainer); "
+            "build the trainer from the checkpoint's config (load_trainer(path))")
+
+
 def load(trainer, path: str, replay: bool = True):
     """Restore parameters, optimizer, statistics, counters, RNG and env state (and, with ``replay``, the replay
     buffer's contents) from a checkpoint."""
@@ -201,7 +226,13 @@ def load(trainer, path: str, replay: bool = True):
     missing = [n for n, _ in named if n not in tensors]
     if missing:
         raise CheckpointError(f"checkpoint {ck['prefix']} does not match this model: missing {missing[0]}"
-                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+                              + _config_hint(trainer, sc))
+    extra = _unplaced(trainer, tensors, named)
+    if extra:  # (checked before anything is written: a refused load leaves the trainer as it was)
+        raise CheckpointError(f"checkpoint {ck['prefix']} does not match this model: it holds {extra[0]}"
+                              + (f" and {len(extra) - 1} more" if len(extra) > 1 else "")
+                              + ", which this model has no place for" + _config_hint(trainer, sc))
     for name, param in named:
         arr = tensors[name] = trainer.model.to_storage(name, tensors[name])
         if tuple(arr.shape) != tuple(param.shape):
@@ -231,22 +262,25 @@ def load(trainer, path: str, replay: bool = True):
         c.reward_scaler.load_state_dict(sc["reward_scaler"])
     inflight = sc.get("inflight")
     seed = trainer.config.run.seed
+
+    def fresh_episodes():
+        """Start this trainer's envs afresh, seeded from (seed, step) so a resume stays deterministic; the reward
+        scaling's per-env discounted returns belonged to episodes that no longer run."""
+        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
+                update_statistics=False)
+        if c.reward_scaler is not None:
+            c.reward_scaler.returns[:] = 0.0
+
     if trainer.dist.distributed and inflight is not None:
         # data parallel: rank 0's checkpoint holds rank 0's env state only; every rank restarts its episodes
         # from seeds derived from (seed, step, rank), and ranks > 0 their sampling stream likewise
-        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
-                update_statistics=False)
-        if c.reward_scaler is not None:  # rank 0's per-env returns belong to episodes that no longer run
-            c.reward_scaler.returns[:] = 0.0
+        fresh_episodes()
         if trainer.dist.rank > 0:
             c.rng = np.random.Generator(np.random.PCG64([seed, trainer.global_step]).jumped(trainer.dist.rank))
     elif inflight is not None and sc.get("world_size", 1) != trainer.dist.world_size:
         # a data-parallel checkpoint in one process (evaluate, export, predict): rank 0's envs are a share of this
         # trainer's; start all of them afresh, seeded from (seed, step) (it cannot learn on: learn refuses)
-        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
-                update_statistics=False)
-        if c.reward_scaler is not None:
-            c.reward_scaler.returns[:] = 0.0
+        fresh_episodes()
     elif inflight is not None and ck["env"] is not None and (changes := _env_changes(trainer, ck_env, ck["env"])):
         # the checkpoint's pickled envs are not this trainer's (another env.kwargs or backend, e.g. fine-tuning on
         # changed dynamics; isolated workers): keep this trainer's envs, fresh episodes seeded from (seed, step)
@@ -254,10 +288,7 @@ def load(trainer, path: str, replay: bool = True):
         trainer.log.warning(f"checkpoint {os.path.basename(ck['prefix'])}: its envs were built with another "
                             f"{changed} than this trainer's: its in-flight episodes are not restored; this "
                             "trainer's envs start fresh episodes")
-        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
-                update_statistics=False)
-        if c.reward_scaler is not None:
-            c.reward_scaler.returns[:] = 0.0
+        fresh_episodes()
     elif inflight is not None and ck["env"] is not None:
         from ..envs import state as env_state
 
@@ -267,10 +298,9 @@ def load(trainer, path: str, replay: bool = True):
         if trainer.dist.distributed and trainer.dist.rank > 0:  # (the checkpoint's stream is rank 0's)
             c.rng = np.random.Generator(np.random.PCG64([seed, trainer.global_step]).jumped(trainer.dist.rank))
     else:
-        # env could not be pickled: start fresh episodes, seeded from (seed, step) so resume stays deterministic;
-        # the statistics stay the checkpoint's (evaluate and export load it: they must normalise as it says)
-        c.reset(seed=trainer._env_seed(seed + trainer.global_step), step=trainer.global_step,
-                update_statistics=False)
+        # env could not be pickled: start fresh episodes (the statistics stay the checkpoint's: evaluate and export
+        # load it, they must normalise as it says)
+        fresh_episodes()
     if trainer.parameters_sha256() != sc.get("param_sha256"):
         raise CheckpointError(f"checkpoint {ck['prefix']}: restored parameters do not hash to the recorded "
                               "param_sha256")
