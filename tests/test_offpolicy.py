@@ -411,6 +411,24 @@ def test_loading_into_a_trainer_that_trained_on_restarts_from_the_checkpoint(tmp
         fresh.close()
 
 
+def test_a_checkpoint_fine_tuned_with_another_train_freq_loads_again(tmp_path):
+    """train_freq 1 to step 60, then train_freq 8 to step 124: that checkpoint was refused ('global_step 124 does not
+    fit iteration 2 of 1000 env steps per iteration')."""
+    from scalebox_ms.trainers import load_trainer, make_trainer
+
+    a = make_trainer(sac_config(learning_starts=20))
+    b = make_trainer(sac_config(learning_starts=20, train_freq=8))
+    try:
+        a.learn(until=60)
+        b.load(a.save(str(tmp_path / "a")))
+        b.learn(until=124)
+        c = load_trainer(b.save(str(tmp_path / "b")))
+        assert (c.global_step, c.steps_base) == (124, (60, 1))
+        c.close()
+    finally:
+        a.close(), b.close()
+
+
 def test_a_fixed_ent_coef_stays_the_trainers_own_after_load(tmp_path):
     """A checkpoint of sac.ent_coef 0.5 loaded into a trainer of 0.01 (fine-tuning) trained on with 0.5: the
     temperature lives in a Parameter, which load restored."""

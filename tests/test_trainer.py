@@ -1,5 +1,6 @@
 """PPOTrainer as a library: learning loop, predict, checkpoints, early stop, continuous actions."""
 
+import json
 import os
 
 import numpy as np
@@ -112,6 +113,32 @@ def test_continuous_actions_clip_to_bounds_and_learn_step():
     assert a.shape == (2, 1) and np.all(np.abs(a) <= 2.0)
     assert tr.obs_normalizer.rms.count > 100
     tr.close()
+
+
+def test_a_checkpoint_fine_tuned_with_another_n_steps_loads_again(tmp_path):
+    """Saved at step 64 with n_steps 16, loaded with n_steps 32, trained to 128 and saved: that checkpoint was refused
+    ('global_step 128 does not fit iteration 3 of 64 env steps per iteration')."""
+    from scalebox_ms.trainers import load_trainer
+    from scalebox_ms.trainers.checkpoint import read_sidecar, sidecar_digest
+
+    a = PPOTrainer(small_config(env={"num_envs": 2}))
+    a.learn(until=64)
+    b = PPOTrainer(small_config(env={"num_envs": 2}, ppo={"n_steps": 32}))
+    b.load(a.save(str(tmp_path / "a")))
+    b.learn(until=128)
+    path = b.save(str(tmp_path / "b"))
+    c = load_trainer(path)
+    assert (c.global_step, c.iteration, c.steps_base) == (128, 3, (64, 2))
+    c.learn(until=192)  # its own n_steps from here: the base stays
+    assert (c.iteration, load_trainer(c.save(str(tmp_path / "c"))).steps_base) == (4, (64, 2))
+    a.close(), b.close(), c.close()
+    sidecar = read_sidecar(path[:-5])  # a steps_base after the checkpoint's own step is refused
+    sidecar["steps_base"] = [192, 2]
+    sidecar["sidecar_sha256"] = sidecar_digest(sidecar)
+    with open(path, "w") as f:
+        json.dump(sidecar, f)
+    with pytest.raises(CheckpointError, match=r"steps_base must be \[global_step, iteration\] of an earlier point"):
+        load_trainer(path)
 
 
 def test_reward_scaling_after_load_keeps_the_trainers_settings_and_no_dead_episodes_returns(tmp_path):

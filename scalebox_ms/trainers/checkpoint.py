@@ -32,7 +32,7 @@ import pickle
 import re
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, short_repr
 from ..fileio import atomic_path, atomic_write_bytes, atomic_write_json, sha256_file
 
 FORMAT = "scalebox_ms.ppo.v1"  # (the name predates the off-policy trainers; their checkpoints use it too)
@@ -61,11 +61,18 @@ def _phase_steps(config: dict, algo: str) -> int:
     return int(config[algo]["train_freq"]) * int(config["env"]["num_envs"])
 
 
+def iteration_shape(config: dict) -> tuple:
+    """(env steps per iteration, per training phase) of a config in dict form (PPO: no phases, 0)."""
+    algo = config.get("algo", "ppo")
+    return steps_per_iteration(config), 0 if algo == "ppo" else _phase_steps(config, algo)
+
+
 def steps_match(config: dict, global_step: int, iteration: int) -> bool:
     """Whether ``global_step`` env steps can follow ``iteration`` iterations of ``config`` (dict form): PPO's
     iterations are whole (``iteration x steps_per_iteration``); an off-policy iteration is 1 up to
     ``steps_per_iteration / phase`` whole training phases (the last one before the run's end or ``--until`` may be
-    cut short)."""
+    cut short). Both counted from the sidecar's ``steps_base`` where another config trained before (fine-tuning
+    with another ``n_steps`` or ``train_freq``)."""
     per_iteration = steps_per_iteration(config)
     algo = config.get("algo", "ppo")
     if algo == "ppo":
@@ -277,9 +284,16 @@ def read_sidecar(prefix: str) -> dict:
     except (KeyError, TypeError, ValueError):
         raise CheckpointError(f"checkpoint sidecar {prefix}.json: its config does not say how many env steps an "
                               "iteration has") from None
-    if not steps_match(sidecar["config"], sidecar["global_step"], sidecar["iteration"]):
+    base = sidecar.get("steps_base", [0, 0])  # (global_step, iteration) where this config's iterations began
+    if not (isinstance(base, list) and len(base) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                              for v in base)
+            and 0 <= base[0] <= sidecar["global_step"] and 0 <= base[1] <= sidecar["iteration"]):
+        raise CheckpointError(f"checkpoint sidecar {prefix}.json: steps_base must be [global_step, iteration] of an "
+                              f"earlier point, got {short_repr(base)}")
+    if not steps_match(sidecar["config"], sidecar["global_step"] - base[0], sidecar["iteration"] - base[1]):
+        since = f" since step {base[0]} (iteration {base[1]})" if base != [0, 0] else ""
         raise CheckpointError(f"checkpoint sidecar {prefix}.json: global_step {sidecar['global_step']} does not fit "
-                              f"iteration {sidecar['iteration']} of {per_iteration} env steps per iteration")
+                              f"iteration {sidecar['iteration']} of {per_iteration} env steps per iteration{since}")
     return sidecar
 
 

@@ -87,6 +87,7 @@ class Trainer:
             sandbox.reseed(self.config.run.seed)
         self.global_step = 0
         self.iteration = 0
+        self.steps_base = (0, 0)  # (global_step, iteration) where this config's iterations began (see load)
         self.wall_time_s = 0.0  # accumulated over sessions (resume)
         self.evaluations: list = []  # EvalCallback's results while training (run.eval_every), kept in checkpoints
         self._last_metrics: dict = {}

@@ -97,6 +97,7 @@ def save(trainer, prefix: str) -> str:
         "config": trainer.config.to_dict(),
         "global_step": trainer.global_step,
         "iteration": trainer.iteration,
+        "steps_base": list(trainer.steps_base),
         "wall_time_s": trainer.wall_time_s,
         "evaluations": list(trainer.evaluations),
         "episodes": c.episodes,
@@ -242,6 +243,12 @@ def load(trainer, path: str, replay: bool = True):
     c = trainer.collector
     trainer.global_step = int(sc["global_step"])
     trainer.iteration = int(sc["iteration"])
+    from .checkpoint import iteration_shape
+
+    if iteration_shape(sc["config"]) == iteration_shape(trainer.config.to_dict()):
+        trainer.steps_base = tuple(sc.get("steps_base", (0, 0)))
+    else:  # (fine-tuning with another n_steps or train_freq: its iterations are counted from here)
+        trainer.steps_base = (trainer.global_step, trainer.iteration)
     trainer.wall_time_s = float(sc["wall_time_s"])
     trainer.evaluations = [e for e in sc.get("evaluations") or [] if isinstance(e, dict)]  # (older checkpoints: none)
     c.episodes = int(sc["episodes"])
