@@ -130,6 +130,8 @@ class EnsembleDense(nn.Cell):
     def construct(self, x):
         y = self.bmm(self.weight, x)
         k, out, n = y.shape
+        if n == 1:  # (static: MindSpore 2.10's CPU BiasAddGrad refuses a last dimension of 1, a batch of one)
+            return y + self.bias.reshape((k, out, 1))
         return self.bias_add(y.reshape((1, k * out, n)), self.bias.reshape((-1,))).reshape((k, out, n))
 
 
