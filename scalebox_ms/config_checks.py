@@ -104,6 +104,26 @@ def _check_env(e: EnvConfig) -> None:
            f"must be in [1, {MAX_NUM_ENVS:,}], got {short_repr(e.num_envs)}")
     _check(e.clip_obs > 0, "env.clip_obs", f"must be > 0, got {short_repr(e.clip_obs)}")
     _check(e.clip_reward > 0, "env.clip_reward", f"must be > 0, got {short_repr(e.clip_reward)}")
+    _check_plain(e.kwargs, "env.kwargs")
+
+
+def _check_plain(value, path: str) -> None:
+    """``value`` is what config.yaml and the checkpoints' JSON hold as it is: None, true/false, numbers, strings,
+    lists (tuples) and mappings with string keys. A YAML date, set or binary, or a numpy scalar, failed when the run
+    wrote its files, with a traceback and a half-written run directory."""
+    if value is None or type(value) in (bool, int, float, str):
+        return
+    if type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{path}[{i}]")
+        return
+    if type(value) is dict:
+        for key, item in value.items():
+            _check(type(key) is str, path, f"keys must be strings, got {short_repr(key)}")
+            _check_plain(item, f"{path}.{key}")
+        return
+    raise ConfigError(f"{path}: {short_repr(value)} (a {type(value).__name__}) cannot be saved with the run "
+                      "(config.yaml, checkpoints); give a string, a number, true/false, a list or a mapping")
 
 
 def _check_policy(p: PolicyConfig) -> None:

@@ -1,5 +1,7 @@
+import datetime
 import os
 
+import numpy as np
 import pytest
 import yaml
 
@@ -54,6 +56,12 @@ def test_integer_written_as_float_is_accepted():
     ({"policy": {"pi_layers": 64}}, "policy.pi_layers: expected a list"),
     ({"sandbox": {"device": "tpu"}}, "sandbox.device: 'tpu' is not one of"),
     ({"env": 3}, "section 'env' must be a mapping"),
+    # env.kwargs that config.yaml and the checkpoints' JSON cannot hold (a traceback after config.yaml was written)
+    ({"env": {"kwargs": {"when": datetime.date(2026, 1, 1)}}}, "env.kwargs.when: datetime.date(2026, 1, 1) (a date)"),
+    ({"env": {"kwargs": {"m": {"s": {1, 2}}}}}, "env.kwargs.m.s: {1, 2} (a set) cannot be saved with the run"),
+    ({"env": {"kwargs": {"b": [1, b"x"]}}}, "env.kwargs.b[1]: b'x' (a bytes)"),
+    ({"env": {"kwargs": {"g": np.float32(9.8)}}}, "env.kwargs.g: 9.8 (a float32)"),
+    ({"env": {"kwargs": {"m": {1: 2}}}}, "env.kwargs.m: keys must be strings, got 1"),
 ])
 def test_bad_values_name_the_key(data, culprit):
     with pytest.raises(ConfigError) as exc:
