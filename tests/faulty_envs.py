@@ -20,6 +20,16 @@ class ResetCrashingCartPole(CartPoleEnv):
         return super().reset(**kw)
 
 
+class ResetAndCloseRaisingCartPole(CartPoleEnv):
+    """reset() raises, and close() then too: it reads what only a reset sets."""
+
+    def reset(self, **kw):
+        raise RuntimeError("reset boom")
+
+    def close(self):
+        raise RuntimeError("close boom")
+
+
 class ResetHangingCartPole(CartPoleEnv):
     def reset(self, **kw):
         if os.environ.get("FAULTY_ENVS_OFF") != "1":
@@ -68,4 +78,5 @@ for name, fault in [("Crashing", "crash"), ("Hanging", "hang"), ("MemoryHog", "m
     gym.register(f"{name}CartPole-v0", entry_point=FaultyCartPole, kwargs={"fault": fault, "at": 5},
                  max_episode_steps=500)
 gym.register("ResetCrashingCartPole-v0", entry_point=ResetCrashingCartPole, max_episode_steps=500)
+gym.register("ResetAndCloseRaisingCartPole-v0", entry_point=ResetAndCloseRaisingCartPole, max_episode_steps=500)
 gym.register("ResetHangingCartPole-v0", entry_point=ResetHangingCartPole, max_episode_steps=500)

@@ -304,6 +304,15 @@ def test_worker_start_failure_is_a_config_error():
         make_vec_env("faulty_envs:ResetCrashingCartPole-v0", 1, isolation="process")
 
 
+def test_an_env_whose_close_raises_too_leaves_the_reset_error():
+    """A close() that raised in the error path replaced the one-line ConfigError with its own traceback."""
+    from scalebox_ms.envs import make_vec_env
+
+    with pytest.raises(ConfigError, match=r"ResetAndCloseRaisingCartPole-v0' with env.kwargs=\{\} cannot reset "
+                                          r"\(RuntimeError: reset boom\)"):
+        make_vec_env("faulty_envs:ResetAndCloseRaisingCartPole-v0", 1)
+
+
 def isolated_trainer(env_id, env_kwargs=None, **sandbox):
     from scalebox_ms.trainers import PPOTrainer
 

@@ -9,6 +9,7 @@ handled.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from typing import Optional
@@ -127,7 +128,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         raise ConfigError(f"env.id: cannot create {short_repr(env_id)}: {_raised(exc)}") from None
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if AutoresetMode(autoreset) != AutoresetMode.NEXT_STEP:
-        env.close()
+        close_env(env, env_id)
         raise ConfigError(f"env.id: {short_repr(env_id)} vector env uses autoreset mode {autoreset}; scalebox_ms needs NEXT_STEP")
     return _probed(env, env_id, kwargs)
 
@@ -152,12 +153,23 @@ def _raised(exc: BaseException) -> str:
     return f"{type(exc).__name__}{user_code_origin(exc)}: {first_line(exc)}"
 
 
+def close_env(env, env_id: str) -> None:
+    """``env.close()``; an env whose close() raises is logged, not raised: the work is done by then (and an error
+    that stopped it must not be replaced by this one: a close() that reads what only reset() sets fails exactly
+    when reset failed)."""
+    try:
+        env.close()
+    except Exception as exc:
+        logging.getLogger("scalebox_ms").warning("env %r: close() raised %s: %s", env_id, type(exc).__name__,
+                                                 first_line(exc))
+
+
 def _probed(env, env_id: str, kwargs):
     """``env`` once its spaces are known to be supported and one probe step works (else closed, ConfigError)."""
     try:
         space_spec(env.single_observation_space, env.single_action_space, env_id, features="mlp")
     except ConfigError:
-        env.close()
+        close_env(env, env_id)
         raise
     call = "reset"
     try:  # one probe step, so bad env.kwargs fail here (before a run directory exists), not mid-training
@@ -165,7 +177,7 @@ def _probed(env, env_id: str, kwargs):
         call = "step"
         env.step(env.action_space.sample())
     except Exception as exc:
-        env.close()
+        close_env(env, env_id)
         what = "cannot reset" if call == "reset" else "fails its first step"
         raise ConfigError(f"env.id: {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} {what} "
                           f"({type(exc).__name__}: {first_line(exc)})") from None

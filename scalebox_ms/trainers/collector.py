@@ -13,12 +13,12 @@ All random numbers (sampling noise; the native envs' reset noise comes from the 
 from __future__ import annotations
 
 import collections
-import logging
 import time
 from typing import Optional
 
 import numpy as np
 
+from ..envs.factory import close_env  # noqa: F401 (evaluation and quant import it from here)
 from ..envs.isolated import restarted
 from ..errors import ScaleboxError, TrainingError, first_line, user_code_origin
 
@@ -337,13 +337,3 @@ class RolloutCollector:
 
     def close(self) -> None:
         close_env(self.env, self.env_id)
-
-
-def close_env(env, env_id: str) -> None:
-    """``env.close()``; an env whose close() raises is logged, not raised: the work is done by then (and an error
-    that stopped it must not be replaced by this one)."""
-    try:
-        env.close()
-    except Exception as exc:
-        logging.getLogger("scalebox_ms").warning("env %r: close() raised %s: %s", env_id, type(exc).__name__,
-                                                 first_line(exc))
