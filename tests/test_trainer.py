@@ -301,6 +301,8 @@ def test_evaluation_episodes_of_an_env_without_a_step_limit_end(caplog, monkeypa
     assert "no episode step limit" in caplog.text and "env.kwargs.max_episode_steps" in caplog.text
     calls.clear()
     assert run_episodes("CliffWalking-v1", {"max_episode_steps": 30}, up, episodes=3) == [-30.0] * 3
+    calls.clear()  # -1, gymnasium's "no TimeLimit": capped too (it hung)
+    assert run_episodes("CliffWalking-v1", {"max_episode_steps": -1}, up, episodes=1) == [-float(EVAL_MAX_EPISODE_STEPS)]
     balance = run_episodes("CartPole-v1", None, lambda obs: (obs[:, 2] + obs[:, 3] > 0).astype(np.int64), episodes=2)
     assert balance == [500.0, 500.0]  # a policy that balances is still cut by CartPole's own 500-step limit
 
@@ -315,6 +317,12 @@ def test_cartpole_uses_gymnasiums_vector_env_only_for_batches_it_makes_faster():
     assert isinstance(few, SyncVectorEnv) and not isinstance(many, SyncVectorEnv)
     assert type(many).__name__ == "CartPoleVectorEnv"
     few.close(), many.close()
+    # max_episode_steps -1 (no TimeLimit for gym.make): CartPoleVectorEnv cut every episode after one step
+    unlimited = make_vec_env("CartPole-v1", VECTOR_ENTRY_MIN_ENVS, {"max_episode_steps": -1})
+    unlimited.reset(seed=0)
+    _, _, terminated, truncated, _ = unlimited.step(np.zeros(VECTOR_ENTRY_MIN_ENVS, np.int64))
+    assert not truncated.any() and not terminated.any()
+    unlimited.close()
 
 
 def test_metrics_report_phase_shares(small_cfg):

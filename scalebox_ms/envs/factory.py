@@ -92,8 +92,9 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: unknown environment {short_repr(env_id)} ({first_line(exc)})") from None
-    if evaluation and spec.max_episode_steps is None and "max_episode_steps" not in kwargs \
-            and not ale:  # (ALE cuts its games itself: max_num_frames_per_episode)
+    # (env.kwargs.max_episode_steps -1: gymnasium's "no TimeLimit", as for an env registered without one)
+    unlimited = kwargs.get("max_episode_steps", spec.max_episode_steps) in (None, -1)
+    if evaluation and unlimited and not ale:  # (ALE cuts its games itself: max_num_frames_per_episode)
         kwargs["max_episode_steps"] = EVAL_MAX_EPISODE_STEPS
         _log_eval_cap(env_id)
     try:
@@ -110,6 +111,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
                     and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS
+                    and kwargs.get("max_episode_steps") != -1  # (CartPoleVectorEnv cut every episode at step 1)
                     and not ale else "sync")  # (ale-py's is its own preprocessing pipeline)
             extra = {"wrappers": atari.wrappers(*wrap)} if preprocess != "none" else {}
             if mode == "vector_entry_point" and kwargs:  # its own checks of env.kwargs may be laxer than the single
