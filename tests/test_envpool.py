@@ -78,14 +78,29 @@ def test_atari_ram_observations_are_refused_by_envpool():
         make_vec_env("ALE/Breakout-v5", 2, {"obs_type": "ram"}, backend="envpool", preprocess="auto")
 
 
-@pytest.mark.parametrize("key, value", [("batch_size", 2), ("task", "breakout"), ("max_num_players", 2)])
+@pytest.mark.parametrize("key, value", [("batch_size", 2), ("task", "breakout"), ("max_num_players", 2),
+                                        ("env_seed", [5, 5, 5, 5])])
 def test_pool_settings_in_env_kwargs_are_refused(key, value):
     """batch_size 2 of 4 envs made EnvPool asynchronous (steps of 2 envs, a MindSpore shape error later); task
-    trained another game under env.id's name."""
+    trained another game under env.id's name; env_seed overrode every seeded reset."""
     from scalebox_ms.envs import make_vec_env
 
     with pytest.raises(ConfigError, match=rf"^env.kwargs.{key}: an EnvPool pool setting, not an env option"):
         make_vec_env("CartPole-v1", 4, {key: value}, backend="envpool", preprocess="auto")
+
+
+def test_seeds_beyond_int32_are_taken():
+    """run.seed goes up to 2**32 - 1: EnvPool asserted 'Seed should be in range of int32' at the run's first reset,
+    after the run directory was made (the probe resets with seed 0)."""
+    from scalebox_ms.envs import make_vec_env
+
+    env = make_vec_env("CartPole-v1", 2, backend="envpool")
+    try:
+        high, _ = env.reset(seed=2**32 - 1)
+        assert high.shape == (2, 4)
+        np.testing.assert_array_equal(env.reset(seed=2**31 + 7)[0], env.reset(seed=7)[0])  # (the int32 it maps to)
+    finally:
+        env.close()
 
 
 def test_without_the_extra_the_error_names_it(monkeypatch):

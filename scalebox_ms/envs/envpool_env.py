@@ -52,8 +52,17 @@ ATARI_TRAINING = {"noop_max": 30, "frame_skip": 4, "img_height": 84, "img_width"
 
 #: EnvPool's pool settings (``envpool.make``), not env options: scalebox_ms sets the pool (num_envs = env.num_envs,
 #: batch_size = num_envs: synchronous; the task from env.id); given in env.kwargs they changed what was trained
-POOL_KEYS = ("batch_size", "max_num_players", "num_envs", "num_threads", "seed", "task", "task_id",
-             "thread_affinity_offset", "env_type")
+POOL_KEYS = ("batch_size", "max_num_players", "num_envs", "num_threads", "seed", "env_seed", "task", "task_id",
+             "thread_affinity_offset", "env_type", "gym_reset_return_info")
+
+#: EnvPool takes int32 seeds only (an AssertionError at the first reset)
+INT32_SEEDS = 2**31
+
+
+def pool_seed(seed: int) -> int:
+    """EnvPool's seed for ``seed``: itself where it is an int32, else reduced into that range (run.seed goes up to
+    2**32 - 1, and a resume reseeds from run.seed + the step)."""
+    return int(seed) % INT32_SEEDS
 
 
 def pool_id(env_id: str) -> str:
@@ -135,8 +144,8 @@ class EnvPoolVectorEnv:
             self._pool = None
         try:
             with _no_precision_warning():
-                self._pool = envpool.make_gymnasium(pool_id(self.env_id), num_envs=self.num_envs, seed=int(seed),
-                                                    num_threads=DEFAULT_THREADS, **self._options)
+                self._pool = envpool.make_gymnasium(pool_id(self.env_id), num_envs=self.num_envs,
+                                                    seed=pool_seed(seed), num_threads=DEFAULT_THREADS, **self._options)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise ConfigError(f"env.kwargs: envpool cannot make {short_repr(self.env_id)} with "
                               f"{short_repr(self.kwargs)} ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
