@@ -265,6 +265,13 @@ def test_unsupported_env_and_unknown_id():
         space_spec(spaces.Box(-1, 1, (3,)), spaces.MultiDiscrete([[2, 3], [2, 2]]), "X")
     with pytest.raises(ConfigError, match="'X' has an observation space of type Graph"):
         space_spec(spaces.Graph(spaces.Box(-1, 1, (2,)), None), spaces.Discrete(2), "X")
+    # zero-width spaces: MindSpore's initializer failed with a traceback on a (64, 0) weight
+    box = spaces.Box(-1, 1, (3,))
+    for obs, act, culprit in ((spaces.Box(-1, 1, (0,)), spaces.Discrete(2), "observation"),
+                              (spaces.Dict({}), spaces.Discrete(2), "observation"),
+                              (box, spaces.Box(-1, 1, (0,)), "action"), (box, spaces.MultiDiscrete([]), "action")):
+        with pytest.raises(ConfigError, match=rf"^env\.id: 'X' has an empty {culprit} space \(.*\): no {culprit} values"):
+            space_spec(obs, act, "X")
 
 
 def test_evaluate_policy_counts_episodes(small_cfg):

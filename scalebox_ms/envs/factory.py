@@ -203,6 +203,11 @@ def space_spec(obs_space, act_space, env_id: str = "env", features: str = "auto"
                                    image_parts=enc.image_parts)
     obs_dim = enc.obs_dim
     where = f"env.id: {short_repr(env_id)} has"
+    if obs_dim == 0 or 0 in np.shape(getattr(act_space, "nvec", getattr(act_space, "low", 1))):
+        # (a zero-width layer: MindSpore's initializer failed with a traceback)
+        empty = "observation" if obs_dim == 0 else "action"
+        raise ConfigError(f"{where} an empty {empty} space ({short_repr(obs_space if obs_dim == 0 else act_space)}): "
+                          f"no {empty} values")
     if isinstance(act_space, spaces.Discrete):
         if int(act_space.start) != 0:
             raise ConfigError(f"{where} Discrete actions starting at {act_space.start}; only start=0 is supported")
