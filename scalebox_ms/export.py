@@ -114,6 +114,7 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
 
     if not output.endswith(".mindir"):
         raise ConfigError(f"--output {output}: must end with .mindir")
+    _check_keys(trainer.collector.encoder.space)
     quant_info = None
     if int8:
         from .quant import DynamicQuantizer, collect_calibration_data
@@ -173,6 +174,23 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
                               f"({exc.strerror or exc})") from None
         raise
     return sidecar
+
+
+def _check_keys(space) -> None:
+    """ConfigError for a Dict observation space with a key that is not a string: the sidecar names the MindIR
+    inputs by their paths, where a number is a Tuple index (the file was written, then ``MindIRPolicy`` refused
+    it)."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict):
+        for key, sub in space.spaces.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"export: the observation space's Dict key {key!r} is not a string; the exported "
+                                  "inputs are named by string keys (rename it in the env)")
+            _check_keys(sub)
+    elif isinstance(space, spaces.Tuple):
+        for sub in space.spaces:
+            _check_keys(sub)
 
 
 @contextlib.contextmanager

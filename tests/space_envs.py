@@ -123,6 +123,15 @@ class ScalarObs(_Steps):
         return int(action) == int(self.state > 0)
 
 
+class IntKeysObs(DictMatch):
+    """DictMatch with the Dict keys 0 and 1: trains; its export is refused (a number in an input's path reads as a
+    Tuple index)."""
+    observation_space = spaces.Dict({0: spaces.Box(-1.0, 1.0, (1,), np.float32), 1: spaces.Discrete(2)})
+
+    def _obs(self):
+        return {0: np.array([self.state[0]], np.float32), 1: self.state[1]}
+
+
 class InfoSteps(gym.Env):
     observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
     action_space = spaces.Discrete(2)
@@ -140,6 +149,6 @@ class InfoSteps(gym.Env):
 
 for _name, _cls in (("DictMatch-v0", DictMatch), ("MultiDiscreteMatch-v0", MultiDiscreteMatch),
                     ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs), ("InfoSteps-v0", InfoSteps),
-                    ("OffSpaceObs-v0", OffSpaceObs), ("ScalarObs-v0", ScalarObs)):
+                    ("OffSpaceObs-v0", OffSpaceObs), ("ScalarObs-v0", ScalarObs), ("IntKeysObs-v0", IntKeysObs)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=f"{__name__}:{_cls.__name__}")

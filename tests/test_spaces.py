@@ -421,6 +421,21 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+def test_export_refuses_dict_keys_that_are_not_strings(tmp_path):
+    """Dict keys 0 and 1 exported, and evaluate --mindir then refused the file ('the sidecar's input leaves [[0], [1]]
+    do not describe one observation space; export again'), which exporting again could not mend."""
+    from scalebox_ms.export import export_mindir
+
+    tr = PPOTrainer(ppo_config("space_envs:IntKeysObs-v0", 64))
+    try:
+        tr.learn()
+        with pytest.raises(ConfigError, match=r"^export: the observation space's Dict key 0 is not a string"):
+            export_mindir(tr, str(tmp_path / "p.mindir"))
+        assert os.listdir(tmp_path) == []
+    finally:
+        tr.close()
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("env_id", ["space_envs:DictMatch-v0", "Blackjack-v1", "FrozenLake-v1"])
 def test_export_of_composite_observations_matches_predict_without_scalebox(env_id, tmp_path):
