@@ -11,7 +11,7 @@ import dataclasses
 from .config import (AmpConfig, Config, EnvConfig, ParallelConfig, PolicyConfig, PPOConfig, RunConfig,
                      SandboxConfig, parse_bytes)
 from .config_offpolicy import ALGOS, OFF_POLICY, SECTION_CHECKS, check_off_policy
-from .config_yaml import set_field
+from .config_yaml import check_positive, set_field
 from .errors import ConfigError, short_repr
 
 _CHOICES = {
@@ -102,8 +102,8 @@ def _check_env(e: EnvConfig) -> None:
     _check(e.id.strip() != "", "env.id", "must not be empty")
     _check(1 <= e.num_envs <= MAX_NUM_ENVS, "env.num_envs",
            f"must be in [1, {MAX_NUM_ENVS:,}], got {short_repr(e.num_envs)}")
-    _check(e.clip_obs > 0, "env.clip_obs", f"must be > 0, got {short_repr(e.clip_obs)}")
-    _check(e.clip_reward > 0, "env.clip_reward", f"must be > 0, got {short_repr(e.clip_reward)}")
+    check_positive("env.clip_obs", e.clip_obs)
+    check_positive("env.clip_reward", e.clip_reward)
     _check_plain(e.kwargs, "env.kwargs")
 
 
@@ -151,16 +151,14 @@ def _check_ppo(o: PPOConfig) -> None:
         _check(o.batch_size >= 1, "ppo.batch_size", f"must be >= 1, got {short_repr(o.batch_size)}")
     _check(0.0 <= o.gamma <= 1.0, "ppo.gamma", f"must be in [0, 1], got {short_repr(o.gamma)}")
     _check(0.0 <= o.gae_lambda <= 1.0, "ppo.gae_lambda", f"must be in [0, 1], got {short_repr(o.gae_lambda)}")
-    _check(o.learning_rate > 0, "ppo.learning_rate", f"must be > 0, got {short_repr(o.learning_rate)}")
-    _check(o.clip_range > 0, "ppo.clip_range", f"must be > 0, got {short_repr(o.clip_range)}")
-    _check(o.clip_range_vf is None or o.clip_range_vf > 0, "ppo.clip_range_vf",
-           f"must be > 0 or null, got {short_repr(o.clip_range_vf)}")
+    check_positive("ppo.learning_rate", o.learning_rate)
+    check_positive("ppo.clip_range", o.clip_range)
+    check_positive("ppo.clip_range_vf", o.clip_range_vf, null=True)
     _check(o.ent_coef >= 0, "ppo.ent_coef", f"must be >= 0, got {short_repr(o.ent_coef)}")
     _check(o.vf_coef >= 0, "ppo.vf_coef", f"must be >= 0, got {short_repr(o.vf_coef)}")
-    _check(o.max_grad_norm > 0, "ppo.max_grad_norm", f"must be > 0, got {short_repr(o.max_grad_norm)}")
-    _check(o.target_kl is None or o.target_kl > 0, "ppo.target_kl",
-           f"must be > 0 or null, got {short_repr(o.target_kl)}")
-    _check(o.adam_eps > 0, "ppo.adam_eps", f"must be > 0, got {short_repr(o.adam_eps)}")
+    check_positive("ppo.max_grad_norm", o.max_grad_norm)
+    check_positive("ppo.target_kl", o.target_kl, null=True)
+    check_positive("ppo.adam_eps", o.adam_eps)
 
 
 def _check_rollout(o: PPOConfig, e: EnvConfig) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from .config_yaml import FLOAT32_MAX
+from .config_yaml import FLOAT32_MAX, FLOAT32_TINY, check_positive
 from .errors import ConfigError, short_repr
 
 ALGOS = ("ppo", "dqn", "sac", "td3")
@@ -32,7 +32,6 @@ POLICY_DEFAULTS = {
     "td3": {"pi_layers": [400, 300], "vf_layers": [400, 300], "activation": "relu", "ortho_init": False},
 }
 
-FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny: the smallest normal float32
 #: the largest temperature (sac.ent_coef) whose float32 log maps back to a finite float32 (3.4e38 gives inf)
 ENT_COEF_MAX = 1e38
 
@@ -123,17 +122,18 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 
 def _check_common(name: str, o) -> None:
-    _check(o.learning_rate > 0, f"{name}.learning_rate", f"must be > 0, got {short_repr(o.learning_rate)}")
+    check_positive(f"{name}.learning_rate", o.learning_rate)
     _check(o.buffer_size >= 1, f"{name}.buffer_size", f"must be >= 1, got {short_repr(o.buffer_size)}")
     _check(o.learning_starts >= 0, f"{name}.learning_starts", f"must be >= 0, got {short_repr(o.learning_starts)}")
     _check(1 <= o.batch_size <= o.buffer_size, f"{name}.batch_size",
            f"must be in [1, {name}.buffer_size ({o.buffer_size})], got {short_repr(o.batch_size)}")
-    _check(0.0 < o.tau <= 1.0, f"{name}.tau", f"must be in (0, 1], got {short_repr(o.tau)}")
+    _check(FLOAT32_TINY <= o.tau <= 1.0, f"{name}.tau", "must be in (0, 1]"
+           + (" (at least the smallest normal float32)" if 0 < o.tau < FLOAT32_TINY else "") + f", got {short_repr(o.tau)}")
     _check(0.0 <= o.gamma <= 1.0, f"{name}.gamma", f"must be in [0, 1], got {short_repr(o.gamma)}")
     _check(o.train_freq >= 1, f"{name}.train_freq", f"must be >= 1 (vector-env steps), got {short_repr(o.train_freq)}")
     _check(o.gradient_steps >= 1 or o.gradient_steps == -1, f"{name}.gradient_steps",
            f"must be >= 1, or -1 (as many as env steps per phase), got {short_repr(o.gradient_steps)}")
-    _check(o.adam_eps > 0, f"{name}.adam_eps", f"must be > 0, got {short_repr(o.adam_eps)}")
+    check_positive(f"{name}.adam_eps", o.adam_eps)
     _check(o.optimizer_kernel in ("builtin", "custom", "auto"), f"{name}.optimizer_kernel",
            f"must be 'builtin', 'custom' or 'auto', got {short_repr(o.optimizer_kernel)}")
     noise = getattr(o, "action_noise", None)
@@ -150,7 +150,7 @@ def check_dqn(o: DQNConfig) -> None:
     for key in ("exploration_initial_eps", "exploration_final_eps"):
         v = getattr(o, key)
         _check(0.0 <= v <= 1.0, f"dqn.{key}", f"must be in [0, 1], got {short_repr(v)}")
-    _check(o.max_grad_norm > 0, "dqn.max_grad_norm", f"must be > 0, got {short_repr(o.max_grad_norm)}")
+    check_positive("dqn.max_grad_norm", o.max_grad_norm)
     _check(o.host_acting in (True, False, "auto"), "dqn.host_acting",
            f"must be true, false or 'auto', got {short_repr(o.host_acting)}")
 

@@ -143,6 +143,18 @@ def _number_text(value):
 
 #: the largest finite float32: float settings must not exceed it (the graphs compute in float32)
 FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny: the smallest normal float32
+
+
+def check_positive(key: str, value, null: bool = False) -> None:
+    """ConfigError unless ``value`` > 0 (or None with ``null``) and at least the smallest normal float32: the
+    graphs compute in float32, where 1e-50 is 0 (adam_eps 1e-50 made every update non-finite, a learning rate of
+    1e-50 trained nothing)."""
+    if (null and value is None) or (value is not None and value >= FLOAT32_TINY):
+        return
+    detail = (f" (at least {FLOAT32_TINY:.4g}, the smallest normal float32: the graphs compute in float32)"
+              if value is not None and 0 < value < FLOAT32_TINY else "")
+    raise ConfigError(f"{key}: must be > 0{' or null' if null else ''}{detail}, got {short_repr(value)}")
 
 
 def coerce(name: str, tp, value: Any) -> Any:

@@ -56,6 +56,12 @@ def test_integer_written_as_float_is_accepted():
     ({"policy": {"pi_layers": 64}}, "policy.pi_layers: expected a list"),
     ({"sandbox": {"device": "tpu"}}, "sandbox.device: 'tpu' is not one of"),
     ({"env": 3}, "section 'env' must be a mapping"),
+    # positive settings that are 0 in float32 (the graphs'): adam_eps 1e-50 made every update non-finite
+    ({"ppo": {"adam_eps": 1e-50}}, "ppo.adam_eps: must be > 0 (at least 1.175e-38, the smallest normal float32"),
+    ({"algo": "dqn", "dqn": {"learning_rate": 1e-44}}, "dqn.learning_rate: must be > 0 (at least 1.175e-38"),
+    ({"algo": "sac", "sac": {"tau": 1e-50}}, "sac.tau: must be in (0, 1] (at least the smallest normal float32)"),
+    ({"ppo": {"target_kl": 1e-40}}, "ppo.target_kl: must be > 0 or null (at least"),
+    ({"ppo": {"max_grad_norm": 0}}, "ppo.max_grad_norm: must be > 0, got 0"),
     # env.kwargs that config.yaml and the checkpoints' JSON cannot hold (a traceback after config.yaml was written)
     ({"env": {"kwargs": {"when": datetime.date(2026, 1, 1)}}}, "env.kwargs.when: datetime.date(2026, 1, 1) (a date)"),
     ({"env": {"kwargs": {"m": {"s": {1, 2}}}}}, "env.kwargs.m.s: {1, 2} (a set) cannot be saved with the run"),
