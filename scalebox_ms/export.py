@@ -25,10 +25,11 @@ import contextlib
 import json
 import os
 import re
-from typing import List, Optional
+from typing import Optional
 
 from .errors import ConfigError
 from .fileio import atomic_write_json, sha256_file, umask
+from .mindir_policy import MindIRPolicy, evaluate_mindir, sidecar_path  # noqa: F401 (also public here)
 
 # numpy and MindSpore are imported on use: `python -m scalebox_ms.export` routes Ctrl-C before they start threads
 
@@ -93,10 +94,6 @@ def _action_space_json(spec) -> dict:
     if kind == "multibinary":
         return {"type": "MultiBinary", "n": spec.action_dim}
     return {"type": "Box", "shape": [spec.action_dim], "low": list(spec.low), "high": list(spec.high)}
-
-
-def sidecar_path(mindir_path: str) -> str:
-    return mindir_path + ".json"
 
 
 def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "L1", calibrate_steps: int = 200,
@@ -257,129 +254,6 @@ def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:
         "file_bytes": os.path.getsize(output),
         "file_sha256": sha256_file(output),
     }
-
-
-class MindIRPolicy:
-    """Run an exported file with MindSpore only (``mindspore.load`` + ``nn.GraphCell``)."""
-
-    def __init__(self, path: str):
-        import mindspore as ms
-
-        if not os.path.exists(path):
-            raise ConfigError(f"--mindir {path}: file not found")
-        try:
-            with open(sidecar_path(path), "r", encoding="utf-8") as f:
-                self.sidecar = json.load(f)
-        except (OSError, ValueError):
-            raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt") from None
-        sc = self.sidecar
-        if (not isinstance(sc, dict) or not isinstance(sc.get("input"), dict) or not isinstance(sc.get("env_id"), str)
-                or not isinstance(sc.get("action_space"), dict) or "type" not in sc["action_space"]):
-            raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt")
-        # (older sidecars have file_bytes only)
-        if (sc.get("file_bytes") is not None and os.path.getsize(path) != sc["file_bytes"]
-                or sc.get("file_sha256") is not None and sha256_file(path) != sc["file_sha256"]):
-            raise ConfigError(f"--mindir {path}: not the file its sidecar {os.path.basename(sidecar_path(path))} "
-                              "describes (another export's, or changed since); export again")
-        try:
-            self.cell = ms.nn.GraphCell(ms.load(path))
-        except Exception as exc:
-            raise ConfigError(f"--mindir {path}: MindSpore cannot load it ({type(exc).__name__})") from None
-
-    def __call__(self, obs) -> "np.ndarray":  # noqa: F821 (numpy imported on use)
-        """Actions for a batch of observations as the env returns them (Dict/Tuple: a dict/tuple of batches; one
-        observation is a batch of one). Observations that are not numbers, of another shape, outside the space (a
-        Discrete value out of range, pixels beyond 0..255) or not finite are a one-line ValueError, as for
-        ``predict``: the graph would cast them to something else silently."""
-        import mindspore as ms
-        import numpy as np
-
-        from .envs.obs_encoding import check_finite, numbers
-
-        what = "MindIRPolicy"
-
-        def batch(x, shape, flat=None):  # (a wrong shape would fail inside the GraphCell)
-            shape = tuple(shape)
-            if x.shape == shape:  # one observation
-                return x.reshape((1,) + (flat or shape))
-            if x.ndim < 1 or x.shape[1:] not in (shape, flat):
-                forms = [s for s in dict.fromkeys((shape, flat)) if s is not None]
-                want = " or ".join(f"(N, {', '.join(map(str, s))})" for s in forms)
-                raise ValueError(f"{what}: observations of shape {x.shape}; the policy takes a batch {want}")
-            if len(x) == 0:
-                raise ValueError(f"{what}: an empty batch (0 observations)")
-            return x.reshape((-1,) + (flat or shape))
-
-        inp = self.sidecar["input"]
-        if inp.get("leaves") is not None:
-            encoder = self._encoder()
-            obs, single = encoder.as_batch(obs, what)
-            with np.errstate(over="ignore"):  # (beyond float32: inf, named below)
-                arrays = encoder.leaf_arrays(obs, what)
-            for leaf, x in zip(encoder.leaves, arrays):
-                check_finite(x, what, single, f"observation part {leaf.name}")
-            return self.cell(*[ms.Tensor(x) for x in arrays]).asnumpy()
-        obs = numbers(obs, what)
-        if inp.get("image"):
-            x = batch(obs, inp["shape"][1:])
-            if x.dtype != np.uint8:  # (float frames scaled to [0, 1], or values beyond a byte: garbage as uint8)
-                encoder = self._encoder()
-                x = encoder._pixels(x, what, encoder.leaves[0])
-            return self.cell(ms.Tensor(x)).asnumpy()
-        # (a scalar Box observation has observation_shape [], which is not "absent")
-        shape = tuple(inp["observation_shape"] if "observation_shape" in inp else inp["shape"][1:])
-        with np.errstate(over="ignore"):  # (beyond float32: inf, named below)
-            x = batch(obs.astype(np.float32, copy=False), shape, flat=tuple(inp["shape"][1:]))
-        check_finite(x, what, False)
-        return self.cell(ms.Tensor(x)).asnumpy()
-
-    def _encoder(self):
-        """The ObsEncoder of the observation space the sidecar describes (its checks of observations)."""
-        if getattr(self, "_obs_encoder", None) is None:
-            from .envs.exported_space import space_of_inputs
-            from .envs.obs_encoding import LEAF_KINDS, ObsEncoder
-
-            inp = self.sidecar["input"]
-            if inp.get("leaves") is not None and not all(
-                    isinstance(d, dict) and d.get("kind") in LEAF_KINDS for d in inp["leaves"]):
-                raise ConfigError("MindIRPolicy: the sidecar's input leaves lack their kind (box, discrete, ...): "
-                                  "not a sidecar written by scalebox_ms.export; export again")
-            encoder = ObsEncoder(space_of_inputs(inp), self.sidecar.get("env_id", "env"))
-            if inp.get("leaves") is not None and [(list(leaf.path), list(leaf.shape)) for leaf in encoder.leaves] != [
-                    (list(d["path"]), list(d["shape"])) for d in inp["leaves"]]:
-                raise ConfigError(f"MindIRPolicy: the sidecar's input leaves {[d['path'] for d in inp['leaves']]} "
-                                  "do not describe one observation space; export again")
-            self._obs_encoder = encoder
-        return self._obs_encoder
-
-    def env_actions(self, actions: "np.ndarray") -> "np.ndarray":  # noqa: F821
-        """The graph's actions as the env takes them (int64 indices plus the space's start, int8 bits)."""
-        import numpy as np
-
-        space = self.sidecar["action_space"]
-        kind = space["type"]
-        if kind == "Discrete":
-            return actions.astype(np.int64)
-        if kind == "MultiDiscrete":
-            return actions.astype(np.int64) + np.asarray(space["start"], np.int64)
-        if kind == "MultiBinary":
-            return actions.astype(np.int8)
-        return actions
-
-
-def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs: int = 16,
-                    should_stop=None) -> List[float]:
-    """Episodes of an exported policy on fresh gymnasium envs (same protocol as ``evaluate_policy``, whose
-    ``should_stop`` this passes on)."""
-    from .trainers.evaluation import run_episodes
-
-    policy = MindIRPolicy(path)
-
-    def act(obs):
-        return policy.env_actions(policy(obs))
-
-    return run_episodes(policy.sidecar["env_id"], policy.sidecar.get("env_kwargs") or {}, act, episodes, seed,
-                        max_envs, preprocess=policy.sidecar.get("env_preprocess", "auto"), should_stop=should_stop)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
