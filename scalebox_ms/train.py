@@ -140,6 +140,28 @@ def main(argv=None) -> int:
     return code or exit_code[0]
 
 
+def _refuse_images_before_msrun(cfg) -> None:
+    """PPO's data parallelism cannot train image observations (NatureCNN) yet: an env's spaces say whether it has
+    them (ale-py ids are refused by the config checks already; CarRacing or a user's image env show only here), so
+    build one env in this process, which never imports MindSpore: its errors, and this refusal, come at once and
+    not from the ranks ~10 s after msrun started."""
+    from .envs import make_vec_env, space_spec
+    from .envs.factory import close_env
+    from .errors import ConfigError
+
+    e = cfg.env
+    if e.backend == "native" or cfg.policy.features == "mlp":
+        return
+    env = make_vec_env(e.id, 1, e.kwargs, backend=e.backend, preprocess=e.preprocess)
+    try:
+        spec = space_spec(env.single_observation_space, env.single_action_space, e.id, cfg.policy.features)
+    finally:
+        close_env(env, e.id)
+    if spec.cnn:
+        raise ConfigError(f"parallel.workers: image observations (NatureCNN, the observations of {e.id!r}) train in "
+                          "float32 in one process only for now")
+
+
 def _launch_workers(args, argv, cfg, workers: int):
     from .errors import ConfigError
     from .parallel.launcher import launch
@@ -148,6 +170,8 @@ def _launch_workers(args, argv, cfg, workers: int):
 
     # this process never imports MindSpore: take Ctrl-C directly again (KeyboardInterrupt stops msrun's workers)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if cfg is not None:
+        _refuse_images_before_msrun(cfg)
     worker_args = list(sys.argv[1:] if argv is None else argv)
     if args.resume:
         from .config import load_config

@@ -381,6 +381,20 @@ def test_cli_refuses_workers_on_atari_frames_before_launching(tmp_path):
     assert "msrun" not in r.stdout + r.stderr
 
 
+@pytest.mark.integration
+def test_cli_refuses_workers_on_an_image_env_of_ones_own_before_launching(tmp_path, monkeypatch):
+    """An image env that is not an ale-py id shows its images only in its spaces: the ranks refused it ~10 s after
+    msrun started (and CarRacing's likewise)."""
+    monkeypatch.setenv("PYTHONPATH", os.path.join(REPO, "tests"))
+    run_dir = tmp_path / "run"
+    r = run_module("train", "--set", "env.id=image_envs:BrightSide-v0", "--workers", "2", "--run-dir", run_dir,
+                   "--no-progress", timeout=120)
+    assert (r.returncode, r.stderr) == (2, "error: parallel.workers: image observations (NatureCNN, the observations "
+                                           "of 'image_envs:BrightSide-v0') train in float32 in one process only for "
+                                           "now\n")
+    assert not run_dir.exists()
+
+
 @pytest.mark.parametrize("section, key, value, culprit", [
     ("ppo", "batch_size", 7, r"ppo\.batch_size: \(7\) must divide"),
     ("ppo", "n_epochs", 1.5, r"ppo\.n_epochs: expected an integer"),
