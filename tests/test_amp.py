@@ -136,8 +136,12 @@ def test_scaler_state_is_checkpointed_and_logged(tmp_path):
     assert float(again.update_step.loss_scale.asnumpy()) == scale
     assert int(again.update_step.good_steps.asnumpy()) == good
     assert again.parameters_sha256() == tr.parameters_sha256()
+    fp32 = PPOTrainer(small_config())  # the AMP run's weights in float32: the loss scaler is left out
+    fp32.load(path)
+    assert fp32.parameters_sha256() == tr.parameters_sha256()
     tr.close()
     again.close()
+    fp32.close()
 
 
 def test_a_real_fp16_overflow_is_skipped_not_taken_for_a_kl_stop():

@@ -175,15 +175,16 @@ def _check_same_function(trainer, ck_cfg: dict, prefix: str) -> None:
 
 def _unplaced(trainer, tensors: dict, named) -> list:
     """The checkpoint tensors none of this trainer's Parameters takes (its per-critic names of a TwinCritic ensemble
-    count as taken): a model built from another config (SAC's ent_coef 'auto' has a temperature optimizer, AMP a
-    loss scaler), whose parameter hash the checkpoint's cannot match."""
+    count as taken): a model built from another config (SAC's ent_coef 'auto' has a temperature optimizer, AMP in
+    DQN/SAC/TD3 a loss scaler), whose parameter hash the checkpoint's cannot match. PPO's loss scaler (``amp.*``)
+    is outside the model and its hash: an AMP checkpoint loads into a float32 PPO trainer without it."""
     items = getattr(trainer.model, "checkpoint_items", None)
     taken = set()
     for name, _ in named:
         taken.add(name)
         if items is not None:
             taken.update(n for n, _ in items(name, tensors[name]))
-    return sorted(n for n in tensors if n not in taken)
+    return sorted(n for n in tensors if n not in taken and not n.startswith("amp."))
 
 
 def _config_hint(trainer, sc: dict) -> str:
@@ -191,6 +192,7 @@ def _config_hint(trainer, sc: dict) -> str:
     from .lifecycle import config_changes
 
     changes = config_changes(sc.get("config") or {}, trainer.config.to_dict(), free=())
+    changes.sort(key=lambda change: change.startswith("run."))  # (what builds the model first; sort is stable)
     if not changes:
         return ""
     more = f", and {len(changes) - 4} more" if len(changes) > 4 else ""
