@@ -89,6 +89,20 @@ def test_pool_settings_in_env_kwargs_are_refused(key, value):
         make_vec_env("CartPole-v1", 4, {key: value}, backend="envpool", preprocess="auto")
 
 
+def test_max_episode_steps_minus_one_means_no_limit_as_in_gymnasium():
+    """EnvPool took -1 as a limit: every other step truncated."""
+    from scalebox_ms.envs import make_vec_env
+
+    env = make_vec_env("CartPole-v1", 2, {"max_episode_steps": -1}, backend="envpool")
+    try:
+        env.reset(seed=0)
+        for _ in range(5):
+            _, _, terminated, truncated, _ = env.step(np.zeros(2, np.int64))
+            assert not truncated.any() and not terminated.any()
+    finally:
+        env.close()
+
+
 def test_seeds_beyond_int32_are_taken():
     """run.seed goes up to 2**32 - 1: EnvPool asserted 'Seed should be in range of int32' at the run's first reset,
     after the run directory was made (the probe resets with seed 0)."""

@@ -55,7 +55,7 @@ ATARI_TRAINING = {"noop_max": 30, "frame_skip": 4, "img_height": 84, "img_width"
 POOL_KEYS = ("batch_size", "max_num_players", "num_envs", "num_threads", "seed", "env_seed", "task", "task_id",
              "thread_affinity_offset", "env_type", "gym_reset_return_info")
 
-#: EnvPool takes int32 seeds only (an AssertionError at the first reset)
+#: EnvPool takes int32 seeds only (an AssertionError at the first reset), and int32 step limits
 INT32_SEEDS = 2**31
 
 
@@ -122,6 +122,8 @@ class EnvPoolVectorEnv:
             raise ConfigError(f"env.kwargs.{clash[0]}: EnvPool's Atari preprocessing is fixed to the gymnasium "
                               "pipeline's settings (evaluation runs gymnasium's env with the same env.kwargs)")
         self._options = {**(ATARI_TRAINING if self.atari else {}), **self.kwargs}
+        if self._options.get("max_episode_steps") == -1:  # (gymnasium's "no TimeLimit"; EnvPool cut every 2nd step)
+            self._options["max_episode_steps"] = INT32_SEEDS - 1
         self._game_return = np.zeros(self.num_envs)
         self._lives = np.zeros(self.num_envs, np.int64)
         self._elapsed = np.zeros(self.num_envs, np.int64)
