@@ -192,7 +192,8 @@ class Config:
     #: the algorithm: 'ppo', 'dqn', 'sac' or 'td3' (its section holds its settings; the others' are absent)
     algo: str = "ppo"
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    #: (None: the algorithm's default networks, see __post_init__)
+    policy: PolicyConfig = None  # type: ignore[assignment]
     ppo: PPOConfig = field(default_factory=PPOConfig)
     dqn: DQNConfig = field(default_factory=DQNConfig)
     sac: SACConfig = field(default_factory=SACConfig)
@@ -202,8 +203,9 @@ class Config:
     amp: AmpConfig = field(default_factory=AmpConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
-    def __post_init__(self):  # Config(algo="sac"): SAC's default networks, as from a file saying algo: sac
-        if self.algo != "ppo":
+    def __post_init__(self):
+        if self.policy is None:  # Config(algo="sac"): SAC's default networks, as from a file saying algo: sac
+            self.policy = PolicyConfig()
             self._apply_policy_defaults("ppo", self.algo)
 
     def __setattr__(self, name, value):
@@ -211,14 +213,16 @@ class Config:
         algorithm's defaults take the new one's (PPO's 64-64 tanh networks trained SAC otherwise)."""
         old = self.__dict__.get("algo")
         super().__setattr__(name, value)
-        if name == "algo" and "policy" in self.__dict__ and old != value:
+        if name == "algo" and self.__dict__.get("policy") is not None and old != value:
             self._apply_policy_defaults(old, value)
 
     def _apply_policy_defaults(self, old, new) -> None:
-        if old in ALGOS and new in ALGOS:  # (an unknown name is refused when the config is checked)
-            for key, default in POLICY_DEFAULTS[old].items():
-                if getattr(self.policy, key) == default:
-                    setattr(self.policy, key, copy.deepcopy(POLICY_DEFAULTS[new][key]))
+        """Policy settings at ``old``'s defaults take ``new``'s, in a new PolicyConfig (the old object may be
+        another config's too: ``dataclasses.replace`` shares it)."""
+        if old in ALGOS and new in ALGOS and old != new:  # (an unknown name is refused when the config is checked)
+            changes = {key: copy.deepcopy(POLICY_DEFAULTS[new][key]) for key, default in POLICY_DEFAULTS[old].items()
+                       if getattr(self.policy, key) == default}
+            self.policy = dataclasses.replace(self.policy, **changes)
 
     @property
     def algo_config(self):

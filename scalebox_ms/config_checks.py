@@ -6,8 +6,6 @@ One function per section plus the checks that relate sections. Classes that user
 """
 from __future__ import annotations
 
-import dataclasses
-
 from .config import (AmpConfig, Config, EnvConfig, ParallelConfig, PolicyConfig, PPOConfig, RunConfig,
                      SandboxConfig, parse_bytes)
 from .config_offpolicy import ALGOS, OFF_POLICY, SECTION_CHECKS, check_off_policy
@@ -79,7 +77,7 @@ def checked_section(name: str, **values):
     (:class:`ConfigError` naming ``name.key``), e.g. ``checked_section("amp", level="O2", growth_interval=0)``
     raises ``amp.growth_interval: must be >= 1, got 0``. For classes users may construct directly
     (:class:`~scalebox_ms.amp.AutoMixedPrecision`, :class:`~scalebox_ms.sandbox.Sandbox`, the actor-critic)."""
-    section = {f.name: f.default_factory for f in dataclasses.fields(Config)}[name]()
+    section = type(getattr(Config(), name))()  # (a fresh section: PPO's policy defaults, as before algo existed)
     for key, value in values.items():
         set_field(section, name, key, value)
     _SECTION_CHECKS[name](section)

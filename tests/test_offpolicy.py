@@ -48,6 +48,19 @@ def test_algo_sections_and_defaults():
     by_attribute.policy.vf_layers = [8]
     by_attribute.algo = "td3"
     assert by_attribute == td3 and Config(algo="td3") != td3
+    # a policy given explicitly is the caller's: neither replaced by the algorithm's defaults nor changed
+    import dataclasses
+
+    from scalebox_ms.config import PolicyConfig
+
+    mine = PolicyConfig()
+    assert Config(algo="sac", policy=mine).policy.pi_layers == [64, 64] and mine.pi_layers == [64, 64]
+    small = Config(algo="sac")
+    small.policy.pi_layers = [64, 64]
+    assert dataclasses.replace(small, algo="sac").policy.pi_layers == [64, 64] == small.policy.pi_layers
+    switched = dataclasses.replace(small)
+    switched.algo = "td3"  # (switching one config leaves the other's shared policy as it was)
+    assert switched.policy.vf_layers == [400, 300] and small.policy.vf_layers == [256, 256]
 
 
 @pytest.mark.parametrize("data, message", [
