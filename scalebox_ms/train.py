@@ -150,8 +150,8 @@ def _refuse_images_before_msrun(cfg) -> None:
     from .errors import ConfigError
 
     e = cfg.env
-    if e.backend == "native" or cfg.policy.features == "mlp":
-        return
+    if e.backend == "native" or cfg.policy.features == "mlp" or cfg.sandbox.isolation_level != "none":
+        return  # (isolated envs run only in workers of their own: the ranks refuse them as before)
     env = make_vec_env(e.id, 1, e.kwargs, backend=e.backend, preprocess=e.preprocess)
     try:
         spec = space_spec(env.single_observation_space, env.single_action_space, e.id, cfg.policy.features)
