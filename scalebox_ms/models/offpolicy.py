@@ -372,6 +372,18 @@ class Learner(nn.Cell):
     def inv_scale(self):
         return 1.0 / self.loss_scale if self.mixed else None
 
+    def nonfinite(self, ok, losses):
+        """1.0 where a gradient step counts as non-finite (``nonfinite_updates``; a run stops after phases of only
+        such steps), else 0.0: in float32 a skipped update (``ok`` False); with AMP a non-finite loss among
+        ``losses`` only: an overflow of the scaled gradients at a finite loss is the loss scaler's business
+        (``amp_skipped_steps``: it backs off), as for PPO."""
+        if self.mixed:  # (static)
+            finite = ops.ones((), ms.bool_)
+            for loss in losses:
+                finite = ops.logical_and(finite, ops.isfinite(loss))
+            return 1.0 - finite.astype(ms.float32)
+        return 1.0 - ok.astype(ms.float32)
+
     def end_step(self, ok):
         """The loss scaler's update after a gradient step (``ok``: all of its updates were finite)."""
         if self.mixed:

@@ -93,7 +93,7 @@ class DQNLearner(Learner):
         (_, loss, q_mean), grads = self.grad_fn(obs, action, y, self.scale())
         ok = guarded_update(self.optimizer, grads, loss, lr, self.max_grad_norm, self.inv_scale())  # (non-finite:
         self.end_step(ok)                                                                          # untouched)
-        return ops.stack([loss, q_mean, 1.0 - ok.astype(ms.float32)])
+        return ops.stack([loss, q_mean, self.nonfinite(ok, (loss,))])
 
     @property
     def features(self):

@@ -126,7 +126,7 @@ class SACLearner(Learner):
             polyak(self.target_params, self.online_params, self.tau, self.polyak_kernel)
         elif i % self.target_every == 0:
             polyak(self.target_params, self.online_params, self.tau, self.polyak_kernel)
-        bad = 1.0 - ops.logical_and(critic_ok, actor_ok).astype(ms.float32)
+        bad = self.nonfinite(ops.logical_and(critic_ok, actor_ok), (critic_loss, actor_loss))
         return ops.stack([critic_loss, actor_loss, alpha, alpha_loss, q_mean, -mean_log_prob, bad])
 
     @property

@@ -101,7 +101,7 @@ class TD3Learner(Learner):
             polyak(self.target_params, self.online_params, self.tau, self.polyak_kernel)
         self.end_step(ops.logical_and(ok, actor_ok))
         return ops.stack([critic_loss, actor_loss, q_mean, delayed.astype(ms.float32),
-                          1.0 - ok.astype(ms.float32)])
+                          self.nonfinite(ok, (critic_loss,))])
 
     @property
     def features(self):
