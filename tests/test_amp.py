@@ -193,3 +193,13 @@ def test_the_export_sidecar_records_the_amp_level_its_graph_computes_in(tmp_path
         assert int8["amp"] == {"level": "O0", "dtype": None}  # (QuantDense computes in float32: not O2/float16)
     finally:
         tr.close()
+    # O3 casts the heads too: a Box policy's graph gave float16 actions where its sidecar said float32
+    tr = PPOTrainer(small_config(env={"id": "Pendulum-v1", "num_envs": 2}, amp={"level": "O3"}))
+    try:
+        sidecar = export_mindir(tr, str(tmp_path / "o3.mindir"))
+        obs = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
+        actions = MindIRPolicy(str(tmp_path / "o3.mindir"))(obs)
+        assert sidecar["output"]["dtype"] == "float32" == actions.dtype
+        np.testing.assert_array_equal(actions, tr.predict(obs))
+    finally:
+        tr.close()

@@ -272,7 +272,8 @@ class ActorCritic(nn.Cell):
             return D.multi_categorical_mode(out, self.segments)
         if self.kind == "multibinary":
             return D.bernoulli_mode(out)
-        return ops.clip_by_value(out, self.low, self.high)
+        # (float32 as the exported graph's sidecar says: under amp.level O3 the head computes in float16)
+        return ops.clip_by_value(out.astype(ms.float32), self.low, self.high)
 
     def construct(self, obs):
         return self.deterministic_action(obs)
