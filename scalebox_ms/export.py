@@ -271,7 +271,8 @@ def build_parser():
     p.add_argument("--checkpoint", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
     p.add_argument("--output", help="output .mindir (default: <run>/policy[_int8_<level>].mindir)")
     p.add_argument("--int8", action="store_true", help="post-training INT8 quantization")
-    p.add_argument("--calibrate-steps", type=int, default=200, help="env steps of calibration data (--int8)")
+    p.add_argument("--calibrate-steps", type=int, default=None,
+                   help="env steps of calibration data (--int8; default 200)")
     p.add_argument("--quant-level", choices=["L1", "L2"], default=None,
                    help="L1: int8 weights; L2: int8 weights and activations (default L1; needs --int8)")
     p.add_argument("--activation-calibration", choices=["minmax", "percentile"], default=None,
@@ -292,16 +293,17 @@ def main(argv=None) -> int:
     def go():
         from .errors import CheckpointError
 
-        if not args.int8 and (args.quant_level or args.activation_calibration):
-            raise ConfigError("--quant-level/--activation-calibration need --int8")
+        if not args.int8 and (args.quant_level or args.activation_calibration or args.calibrate_steps is not None):
+            raise ConfigError("--quant-level/--activation-calibration/--calibrate-steps need --int8")
+        calibrate_steps = 200 if args.calibrate_steps is None else args.calibrate_steps
         level = args.quant_level or "L1"
         if args.activation_calibration and level != "L2":  # (it would be ignored: L1 keeps activations float)
             raise ConfigError("--activation-calibration: only with --quant-level L2 (L1 quantizes weights only)")
         calib = args.activation_calibration or "minmax"
         if args.percentile is not None and calib != "percentile":  # (it would be ignored)
             raise ConfigError("--percentile: only with --int8 --activation-calibration percentile")
-        if args.int8 and not 1 <= args.calibrate_steps <= MAX_CALIBRATE_STEPS:
-            raise ConfigError(f"--calibrate-steps: must be in [1, {MAX_CALIBRATE_STEPS:,}], got {args.calibrate_steps}")
+        if args.int8 and not 1 <= calibrate_steps <= MAX_CALIBRATE_STEPS:
+            raise ConfigError(f"--calibrate-steps: must be in [1, {MAX_CALIBRATE_STEPS:,}], got {calibrate_steps}")
         if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):
             raise CheckpointError(f"--run {args.run}: not a run directory (no config.yaml)")
         output = args.output or os.path.join(args.run, f"policy_int8_{level}.mindir" if args.int8 else "policy.mindir")
@@ -319,7 +321,7 @@ def main(argv=None) -> int:
         # (the latest checkpoint, also while a train still writes the run; Ctrl-C held while its graphs compile)
         with sigint_held():
             trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
-        sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=args.calibrate_steps,
+        sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=calibrate_steps,
                                 activation_calibration=calib,
                                 percentile=99.99 if args.percentile is None else args.percentile, source=ckpt)
         trainer.close()

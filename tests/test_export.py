@@ -201,6 +201,7 @@ def tiny_run(tmp_path_factory):
 @pytest.mark.parametrize("args, culprit", [
     (["--output", "x.onnx"], "must end with .mindir"),
     (["--quant-level", "L2"], "need --int8"),
+    (["--calibrate-steps", "500"], "--calibrate-steps need --int8"),  # (was ignored: an fp32 export, exit 0)
     (["--int8", "--calibrate-steps", "0"], "--calibrate-steps"),
     (["--int8", "--calibrate-steps", "100000000000000000000"], "--calibrate-steps: must be in [1, 1,000,000]"),
     (["--int8", "--quant-level", "L9"], "--quant-level"),
