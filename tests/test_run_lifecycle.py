@@ -475,7 +475,8 @@ def test_a_signal_during_the_final_evaluation_stops_it_and_the_run_reads_interru
 
 
 CTRL_C_SCRIPT = '''
-import sys
+import faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # (the test's stack dump if it hangs)
 import scalebox_ms
 scalebox_ms.route_sigint_around_mindspore()  # first: before numpy and MindSpore start their threads
 sys.path.insert(0, sys.argv[2])
@@ -516,12 +517,25 @@ def test_ctrl_c_in_a_script_of_ones_own_is_a_keyboard_interrupt_with_the_routing
     script.write_text(script_text)
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+
+    def as_from_a_terminal():  # a child inherits an ignored SIGINT (POSIX: SIG_IGN survives exec) and then rightly
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # ignores Ctrl-C (Python's interrupt_main does nothing): the
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # script ran on, where pytest's was so
+
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "mine"), os.path.join(REPO, "tests")],
-                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_from_a_terminal)
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-2000:]
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # (where it hangs, for the record)
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(3)
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"no exit 120 s after SIGINT; its threads' stacks:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
