@@ -38,6 +38,13 @@ def quiet(*_):
     pass
 
 
+def as_from_a_terminal():
+    """A child's Ctrl-C as from a terminal: it inherits an ignored SIGINT (POSIX: SIG_IGN survives exec), as a
+    pytest-xdist worker sometimes has it, and then rightly ignores Ctrl-C (Python's interrupt_main does nothing)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.fixture(scope="module")
 def paused_run(tmp_path_factory):
     """A run paused at step 192 with checkpoints at 0, 64, 128 and 192 (copy it before changing it)."""
@@ -366,7 +373,8 @@ def test_a_signal_to_the_cli_checkpoints_and_exits_128_plus_signum(tmp_path, sig
                              "10000000", "--set", "env.num_envs=4", "--set", "ppo.n_steps=16", "--set",
                              "ppo.batch_size=32", "--set", "run.checkpoint_every=0", "--set",
                              f"sandbox.isolation_level={isolation}", "--no-progress"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_from_a_terminal)
     try:
         deadline = time.time() + 240
         while time.time() < deadline and not (os.path.exists(run_dir / "metrics.csv")
@@ -517,10 +525,6 @@ def test_ctrl_c_in_a_script_of_ones_own_is_a_keyboard_interrupt_with_the_routing
     script.write_text(script_text)
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-
-    def as_from_a_terminal():  # a child inherits an ignored SIGINT (POSIX: SIG_IGN survives exec) and then rightly
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # ignores Ctrl-C (Python's interrupt_main does nothing): the
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # script ran on, where pytest's was so
 
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "mine"), os.path.join(REPO, "tests")],
                             cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
