@@ -24,6 +24,16 @@ def small_config(**sections):
     return Config.from_dict(data)
 
 
+def as_from_a_terminal():
+    """``preexec_fn`` for a child that is sent SIGINT: Ctrl-C as from a terminal. A pytest-xdist worker sometimes has
+    SIGINT ignored; a child inherits that across exec (POSIX) and then rightly ignores Ctrl-C (Python's
+    ``interrupt_main`` does nothing)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def run_module(module, *args, cwd=None, timeout=300):
     """Run ``python -m scalebox_ms.<module> args`` in a fresh process, in the test's (temporary) working directory
     unless ``cwd`` is given: MindSpore writes kernel_meta/ and similar into the current directory."""

@@ -2,13 +2,12 @@
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, run_module
+from conftest import REPO, as_from_a_terminal, run_module
 
 TINY = ["--set", "env.num_envs=4", "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32",
         "--set", "ppo.n_epochs=2", "--set", "run.eval_episodes=3", "--no-progress"]
@@ -78,10 +77,6 @@ def test_cli_run_writes_every_artefact(tmp_path):
     # lines of errors and left rank_0/om/analyze_fail.ir in the working directory
     driver = tmp_path / "ctrl_c_in_compile.py"
     driver.write_text(CTRL_C_IN_COMPILE)
-    def as_from_a_terminal():  # (an ignored SIGINT, as a pytest-xdist worker may have it, survives exec: the tool
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # would ignore the Ctrl-C and finish)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
     for module, args in (("evaluate", []), ("export", ["--output", str(tmp_path / "q.mindir")])):
         r = subprocess.run([sys.executable, str(driver), module, "--run", str(run_dir), *args], capture_output=True,
                            text=True, env=env, timeout=300, cwd=str(tmp_path), preexec_fn=as_from_a_terminal)

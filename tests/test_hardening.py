@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import run_module, small_config
+from conftest import as_from_a_terminal, run_module, small_config
 from scalebox_ms.errors import ConfigError, TrainingError
 
 
@@ -331,10 +331,6 @@ def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool, m
     mark = tmp_path / "stepping"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + tests, FAULTY_ENVS_MARK=str(mark))
 
-    def as_from_a_terminal():  # a child inherits an ignored SIGINT (POSIX: SIG_IGN survives exec), and a
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # process started ignoring it rightly ignores Ctrl-C; an
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # earlier test may have left pytest so
-
     proc = subprocess.Popen([sys.executable, "-m", f"scalebox_ms.{tool}", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_terminal)
     try:
@@ -360,7 +356,6 @@ def test_ctrl_c_while_mindspore_is_imported_is_a_clean_interrupt(tmp_path, nth):
     aborted on its way out (SIGABRT, exit 134, "Fatal Python error"). Here the CLI's own path (SIGINT routed around
     MindSpore, then import_mindspore) gets SIGINT while the nth of MindSpore's ~1,200 modules is being imported."""
     import os
-    import signal
     import subprocess
     import sys
 
@@ -386,10 +381,6 @@ def test_ctrl_c_while_mindspore_is_imported_is_a_clean_interrupt(tmp_path, nth):
         "    print('not interrupted')\n"
         "sys.exit(run_cli(go))\n")
 
-    def as_from_a_terminal():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
     r = subprocess.run([sys.executable, str(script)], env=dict(os.environ, PYTHONPATH=REPO),
                        capture_output=True, text=True, timeout=120, preexec_fn=as_from_a_terminal)
     assert r.returncode == 130, r.stderr[-2000:]
@@ -403,7 +394,6 @@ def test_ctrl_c_while_train_imports_numpy_stops_the_run(tmp_path, nth):
     ignored and the run trained to the end (exit 0). Now it is held until numpy is imported: 'interrupted', 130,
     no run directory."""
     import os
-    import signal
     import subprocess
     import sys
 
@@ -426,10 +416,6 @@ def test_ctrl_c_while_train_imports_numpy_stops_the_run(tmp_path, nth):
         f"sys.argv = ['train', '--total-steps', '64', '--no-progress', '--run-dir', {str(run_dir)!r},\n"
         "            '--set', 'ppo.n_steps=16', '--set', 'ppo.batch_size=32', '--set', 'run.eval_episodes=0']\n"
         "sys.exit(main())\n")
-
-    def as_from_a_terminal():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     r = subprocess.run([sys.executable, str(script)], env=dict(os.environ, PYTHONPATH=REPO), cwd=tmp_path,
                        capture_output=True, text=True, timeout=300, preexec_fn=as_from_a_terminal)

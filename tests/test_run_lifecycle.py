@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO, small_config
+from conftest import REPO, as_from_a_terminal, small_config
 from scalebox_ms.errors import CheckpointError, ConfigError
 from scalebox_ms.runlock import RunLock
 from scalebox_ms.trainers.checkpoint import list_checkpoints, read_checkpoint, sidecar_digest
@@ -36,13 +36,6 @@ def no_temporaries(run_dir):
 
 def quiet(*_):
     pass
-
-
-def as_from_a_terminal():
-    """A child's Ctrl-C as from a terminal: it inherits an ignored SIGINT (POSIX: SIG_IGN survives exec), as a
-    pytest-xdist worker sometimes has it, and then rightly ignores Ctrl-C (Python's interrupt_main does nothing)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @pytest.fixture(scope="module")
