@@ -95,6 +95,13 @@ class ConfigError(ScaleboxError, ValueError):
     """A config key, value, env id or space that scalebox_ms cannot use."""
 
 
+def images_in_one_process(key: str, env_id: str = "") -> ConfigError:
+    """PPO's refusal of image observations (NatureCNN) under AMP or data parallelism, from the trainer and from
+    ``train --workers`` before msrun starts (which never imports MindSpore)."""
+    of = f", the observations of {env_id!r}" if env_id else ""
+    return ConfigError(f"{key}: image observations (NatureCNN{of}) train in float32 in one process only for now")
+
+
 class CheckpointError(ScaleboxError):
     """A checkpoint that is missing, corrupt, or does not match the run."""
 

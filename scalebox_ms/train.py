@@ -147,7 +147,7 @@ def _refuse_images_before_msrun(cfg) -> None:
     not from the ranks ~10 s after msrun started."""
     from .envs import make_vec_env, space_spec
     from .envs.factory import close_env
-    from .errors import ConfigError
+    from .errors import images_in_one_process
 
     e = cfg.env
     if e.backend == "native" or cfg.policy.features == "mlp" or cfg.sandbox.isolation_level != "none":
@@ -158,8 +158,7 @@ def _refuse_images_before_msrun(cfg) -> None:
     finally:
         close_env(env, e.id)
     if spec.cnn:
-        raise ConfigError(f"parallel.workers: image observations (NatureCNN, the observations of {e.id!r}) train in "
-                          "float32 in one process only for now")
+        raise images_in_one_process("parallel.workers", e.id)
 
 
 def _launch_workers(args, argv, cfg, workers: int):

@@ -25,9 +25,10 @@ def small_config(**sections):
 
 
 def as_from_a_terminal():
-    """``preexec_fn`` for a child that is sent SIGINT: Ctrl-C as from a terminal. A pytest-xdist worker sometimes has
-    SIGINT ignored; a child inherits that across exec (POSIX) and then rightly ignores Ctrl-C (Python's
-    ``interrupt_main`` does nothing)."""
+    """``preexec_fn`` for a child that is sent SIGINT: Ctrl-C as from a terminal. pytest started in the background by
+    a non-interactive shell (``cmd &`` in a script, as CI runners may do) has SIGINT ignored, as POSIX shells do
+    for background jobs without job control; its workers and their children inherit that across exec and then
+    rightly ignore Ctrl-C (Python's ``interrupt_main`` does nothing)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)

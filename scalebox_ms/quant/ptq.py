@@ -299,6 +299,6 @@ def collect_calibration_data(trainer, steps: int, seed: int = 12_345, should_sto
             obs, *_ = env.step(trainer.predict(obs, deterministic=True))
         return np.concatenate(seen, axis=0)[:steps]
     finally:
-        from ..trainers.collector import close_env
+        from ..envs.factory import close_env
 
         close_env(env, cfg.id)

@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..envs.factory import close_env  # noqa: F401 (evaluation and quant import it from here)
+from ..envs.factory import close_env
 from ..envs.isolated import restarted
 from ..errors import ScaleboxError, TrainingError, first_line, user_code_origin
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import ConfigError, ScaleboxError, first_line, user_code_origin
 from ..parallel.launcher import beat
-from .collector import close_env
+from ..envs.factory import close_env
 
 
 class Returns(list):

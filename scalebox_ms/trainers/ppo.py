@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from ..config import Config, micro_batches
-from ..errors import ConfigError
+from ..errors import ConfigError, images_in_one_process
 from ..sandbox import Sandbox
 from .core import Callback, Trainer, _stops, closes_envs_on_error
 
@@ -95,8 +95,7 @@ class PPOTrainer(Trainer):
             reducer = moments_reducer(self.dist)
         self._make_collector(n_local, rank=self.dist.rank, reducer=reducer)
         if self.spec.cnn and (self.amp is not None or W > 1):
-            raise ConfigError(f"{'amp.level' if self.amp is not None else 'parallel.workers'}: image observations "
-                              "(NatureCNN) train in float32 in one process only for now")
+            raise images_in_one_process("amp.level" if self.amp is not None else "parallel.workers")
         width = self.spec.action_width
         check_fits("ppo.n_steps", f"a rollout of ppo.n_steps x env.num_envs = {p.n_steps} x {n_local} samples",
                    rollout_bytes(p.n_steps * n_local, self.spec.obs_dim, width, image=self.spec.image),
