@@ -17,6 +17,20 @@ from typing import Iterator
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
+    with staged_path(path) as tmp:
+        yield tmp
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        remove_temporaries(tmp)
+        raise
+
+
+@contextmanager
+def staged_path(path: str) -> Iterator[str]:
+    """Yield a temporary path next to ``path``; on success it is on disk (fsynced, the umask's permissions) for the
+    caller to ``os.replace`` onto ``path`` when it chooses (several files committed together); on failure it is
+    removed."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     name = os.path.basename(path)
@@ -30,13 +44,12 @@ def atomic_path(path: str) -> Iterator[str]:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 (and MindSpore 0400) files
-        os.replace(tmp, path)
     except BaseException:
-        _remove_temporaries(tmp)
+        remove_temporaries(tmp)
         raise
 
 
-def _remove_temporaries(tmp: str) -> None:
+def remove_temporaries(tmp: str) -> None:
     """Remove ``tmp`` and what a writer derived from its unique stem (MindSpore writes ``<stem>.tmp`` first)."""
     stem = os.path.splitext(tmp)[0]
     for path in glob.glob(glob.escape(stem) + "*"):
@@ -58,12 +71,19 @@ def _umask() -> int:
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
+    with errors_named(path), atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+
+@contextmanager
+def errors_named(path: str) -> Iterator[None]:
+    """An OSError of the block that names no file (a write, flush or fsync error: a full disk would read only "No
+    space left") is raised again naming ``path``."""
     try:
-        with atomic_path(path) as tmp:
-            with open(tmp, "wb") as f:
-                f.write(data)
+        yield
     except OSError as exc:
-        if exc.filename is None:  # (a write/flush error names no file: a full disk would read "No space left")
+        if exc.filename is None:
             raise OSError(exc.errno, exc.strerror, path) from None
         raise
 

@@ -19,7 +19,8 @@ that the sidecar is consistent with its file name (``global_step``), and refuses
 ``sidecar_sha256`` (written before it existed) are refused too: their content cannot be verified.
 
 A write that fails (disk full, file size limit) removes what it wrote and raises a one-line
-:class:`CheckpointError`; the previous checkpoint stays the latest.
+:class:`CheckpointError`; the previous checkpoint stays the latest, and one already at the same prefix (a save to a
+fixed name) stays as it was: every file is written in full before any file of it is replaced.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import CheckpointError, short_repr
-from ..fileio import atomic_path, atomic_write_bytes, atomic_write_json, sha256_file
+from ..fileio import atomic_write_json, errors_named, remove_temporaries, sha256_file, staged_path
 
 FORMAT = "scalebox_ms.ppo.v1"  # (the name predates the off-policy trainers; their checkpoints use it too)
 # sidecar first: removing it first leaves no half checkpoint
@@ -93,15 +94,35 @@ def sidecar_digest(sidecar: dict) -> str:
 
 def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=None, replay=None) -> str:
     """Write ``prefix.ckpt`` (+ ``prefix.env.pkl``, + ``prefix.replay.npz`` for a dict of ``replay`` arrays) and
-    finally ``prefix.json``; returns the sidecar path."""
-    if os.path.exists(prefix + ".json"):  # rewriting a step: incomplete (no sidecar) until the new one lands
-        os.unlink(prefix + ".json")
+    finally ``prefix.json``; returns the sidecar path.
+
+    Every file is first written in full to a temporary file; only then does a checkpoint already at ``prefix``
+    (a save to a fixed name) give way: its sidecar goes, the new files replace its files, and the new sidecar
+    lands. A write that fails (a full disk) leaves that earlier checkpoint as it was."""
+    for ext in EXTENSIONS:
+        if os.path.isdir(prefix + ext):
+            raise CheckpointError(f"cannot write checkpoint {prefix}: {prefix + ext} is a directory")
+    staged: Dict[str, str] = {}  # extension -> its temporary file
+    committing = False
     try:
-        return _write_checkpoint(prefix, tensors, sidecar, env_obj, replay)
-    except BaseException as exc:  # a write error, or a second signal (abort at once) between the files
-        for ext in EXTENSIONS:  # no half checkpoint: the previous one stays the latest
-            if os.path.exists(prefix + ext):
+        sidecar = _stage_checkpoint(prefix, tensors, sidecar, env_obj, replay, staged)
+        committing = True  # (from here on the checkpoint at prefix is incomplete until the new sidecar lands)
+        if os.path.exists(prefix + ".json"):
+            os.unlink(prefix + ".json")
+        for ext in EXTENSIONS[1:]:
+            if ext in staged:
+                os.replace(staged.pop(ext), prefix + ext)
+            elif os.path.exists(prefix + ext):  # (the earlier checkpoint's file, which this one has not)
                 os.unlink(prefix + ext)
+        atomic_write_json(prefix + ".json", sidecar)
+        return prefix + ".json"
+    except BaseException as exc:  # a write error, or a second signal (abort at once) between the files
+        for tmp in staged.values():
+            remove_temporaries(tmp)
+        if committing:  # no half checkpoint: the previous one stays the latest
+            for ext in EXTENSIONS:
+                if os.path.isfile(prefix + ext):
+                    os.unlink(prefix + ext)
         if isinstance(exc, OSError):
             raise CheckpointError(f"cannot write checkpoint {prefix}: {exc.strerror or exc}") from None
         raise
@@ -130,14 +151,18 @@ def _save_failure_unlogged():
             logger.removeFilter(keep)
 
 
-def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, replay) -> str:
+def _stage_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, replay,
+                      staged: Dict[str, str]) -> dict:
+    """Write the checkpoint's data files to temporary files (``staged``: extension -> path); returns the sidecar
+    that describes them."""
     import mindspore as ms
 
-    with atomic_path(prefix + ".ckpt") as tmp, _save_failure_unlogged():
+    with staged_path(prefix + ".ckpt") as tmp, _save_failure_unlogged():
+        staged[".ckpt"] = tmp
         ms.save_checkpoint(tensors, tmp)
     sidecar = dict(sidecar)
     sidecar["format"] = FORMAT
-    sidecar["ckpt_sha256"] = sha256_file(prefix + ".ckpt")
+    sidecar["ckpt_sha256"] = sha256_file(staged[".ckpt"])
     sidecar["env_state"] = None
     if env_obj is not None:
         try:
@@ -145,22 +170,23 @@ def _write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, 
         except Exception as exc:  # e.g. MuJoCo handles: resume then re-seeds fresh episodes
             sidecar["env_state_error"] = f"{type(exc).__name__}: {exc}"[:200]
         else:
-            atomic_write_bytes(prefix + ".env.pkl", blob)
+            with errors_named(prefix + ".env.pkl"), staged_path(prefix + ".env.pkl") as tmp:
+                staged[".env.pkl"] = tmp
+                with open(tmp, "wb") as f:
+                    f.write(blob)
             sidecar["env_state"] = {"file": os.path.basename(prefix) + ".env.pkl",
-                                    "sha256": sha256_file(prefix + ".env.pkl")}
+                                    "sha256": sha256_file(staged[".env.pkl"])}
     sidecar["replay_state"] = None
     if replay is not None:
-        import numpy as np
-
-        with atomic_path(prefix + ".replay.npz") as tmp:
+        with errors_named(prefix + ".replay.npz"), staged_path(prefix + ".replay.npz") as tmp:
+            staged[".replay.npz"] = tmp
             write_npz(tmp, replay)
         sidecar["replay_state"] = {"file": os.path.basename(prefix) + ".replay.npz",
-                                   "sha256": sha256_file(prefix + ".replay.npz"),
-                                   "bytes": os.path.getsize(prefix + ".replay.npz")}
+                                   "sha256": sha256_file(staged[".replay.npz"]),
+                                   "bytes": os.path.getsize(staged[".replay.npz"])}
     sidecar = json.loads(json.dumps(sidecar))  # the JSON form (tuples -> lists, ...) is what gets hashed
     sidecar["sidecar_sha256"] = sidecar_digest(sidecar)
-    atomic_write_json(prefix + ".json", sidecar)
-    return prefix + ".json"
+    return sidecar
 
 
 def write_npz(path: str, arrays: dict) -> None:
@@ -247,9 +273,20 @@ def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 
     raise AssertionError("unreachable")
 
 
+#: the file name of a run's checkpoint: ``ckpt_<global step>`` (:func:`checkpoint_prefix` pads it to 12 digits)
+CHECKPOINT_NAME = re.compile(r"ckpt_(\d+)")
+AUTO_NAME = re.compile(r"ckpt_(\d{12})")
+
+
 def list_checkpoints(directory: str) -> List[str]:
-    """Complete checkpoints (sidecar present) in ``directory``, oldest first."""
-    return sorted(p[: -len(".json")] for p in glob.glob(os.path.join(directory, "ckpt_*.json")))
+    """Complete checkpoints (sidecar present) named ``ckpt_<number>`` in ``directory``, oldest (lowest number)
+    first; other names (a user's ``ckpt_best``) are not the run's."""
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(directory), "ckpt_*.json")):
+        m = CHECKPOINT_NAME.fullmatch(os.path.basename(path)[: -len(".json")])
+        if m:
+            found.append((int(m.group(1)), path[: -len(".json")]))
+    return [prefix for _, prefix in sorted(found)]
 
 
 def read_sidecar(prefix: str) -> dict:
@@ -273,7 +310,7 @@ def read_sidecar(prefix: str) -> dict:
         value = sidecar.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise CheckpointError(f"checkpoint sidecar {prefix}.json: {key} must be an integer >= {low}, got {value!r}")
-    m = re.fullmatch(r"ckpt_(\d+)\.json", name)
+    m = AUTO_NAME.fullmatch(name[: -len(".json")])  # (a run's own name: a sidecar copied over another is refused)
     if m and int(m.group(1)) != sidecar["global_step"]:
         raise CheckpointError(f"checkpoint sidecar {prefix}.json: global_step {sidecar['global_step']} does not "
                               f"match the step {int(m.group(1))} in its file name")
@@ -305,11 +342,11 @@ def verify_checkpoint(prefix: str) -> dict:
         raise CheckpointError(f"checkpoint file missing: {ckpt}")
     if sha256_file(ckpt) != sidecar["ckpt_sha256"]:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: its SHA-256 does not match the sidecar")
-    for key, what in (("env_state", "env state"), ("replay_state", "replay buffer")):
-        info: Optional[dict] = sidecar.get(key)
-        if info:
-            path = os.path.join(os.path.dirname(prefix), str(info.get("file")))
-            if not os.path.exists(path) or sha256_file(path) != info.get("sha256"):
+    for key, what, ext in (("env_state", "env state", ".env.pkl"), ("replay_state", "replay buffer", ".replay.npz")):
+        info = sidecar.get(key)
+        if info:  # (found from the prefix, as the .ckpt is: a checkpoint's files renamed together load)
+            path = prefix + ext
+            if not isinstance(info, dict) or not os.path.exists(path) or sha256_file(path) != info.get("sha256"):
                 raise CheckpointError(f"checkpoint {what} {path} is missing or corrupt")
     return sidecar
 
@@ -342,16 +379,14 @@ def read_checkpoint(path: str, replay: bool = True) -> Dict:
         raise CheckpointError(f"checkpoint {ckpt} cannot be loaded by MindSpore ({type(exc).__name__})") from None
     tensors = {k: v.asnumpy() for k, v in params.items()}
     env = None
-    info: Optional[dict] = sidecar.get("env_state")
-    if info:
-        with open(os.path.join(os.path.dirname(prefix), info["file"]), "rb") as f:
+    if sidecar.get("env_state"):
+        with open(prefix + ".env.pkl", "rb") as f:
             env = pickle.loads(f.read())  # hash-verified file written by write_checkpoint
     arrays = None
-    info = sidecar.get("replay_state")
-    if info and replay:
+    if sidecar.get("replay_state") and replay:
         import numpy as np
 
-        with np.load(os.path.join(os.path.dirname(prefix), info["file"]), allow_pickle=False) as z:
+        with np.load(prefix + ".replay.npz", allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     return {"prefix": prefix, "sidecar": sidecar, "tensors": tensors, "env": env, "replay": arrays}
 

@@ -71,7 +71,7 @@ def save(trainer, prefix: str) -> str:
     import mindspore as ms
 
     from ..envs import state as env_state
-    from .checkpoint import EXTENSIONS, checkpoint_prefix, write_checkpoint
+    from .checkpoint import AUTO_NAME, EXTENSIONS, checkpoint_prefix, write_checkpoint
 
     if not isinstance(prefix, (str, os.PathLike)):
         raise CheckpointError(f"save: the checkpoint prefix must be a path, got {type(prefix).__name__}")
@@ -82,6 +82,11 @@ def save(trainer, prefix: str) -> str:
         if prefix.endswith(ext) and len(os.path.basename(prefix)) > len(ext):
             prefix = prefix[: -len(ext)]
             break  # (one, as resolve_checkpoint strips one)
+    m = AUTO_NAME.fullmatch(os.path.basename(prefix))
+    if m and int(m.group(1)) != trainer.global_step:
+        raise CheckpointError(f"save: {os.path.basename(prefix)} is the name of a run's checkpoint at step "
+                              f"{int(m.group(1))} (this trainer is at step {trainer.global_step}); give another name, "
+                              "or a directory to get the name of this step")
 
     c = trainer.collector
     # stored in the logical (nn.Dense) layout whatever policy.layer/align: FusedDense padding is not saved, and
@@ -207,6 +212,10 @@ def load(trainer, path: str, replay: bool = True):
 
     ck = read_checkpoint(path, replay=replay)
     sc, tensors = ck["sidecar"], ck["tensors"]
+    algo = (sc.get("config") or {}).get("algo", "ppo")
+    if algo != trainer.algo:  # (the first difference the checks below found was an env or policy key)
+        raise CheckpointError(f"checkpoint {ck['prefix']} is a {str(algo).upper()} checkpoint, this is a "
+                              f"{type(trainer).__name__}; load_trainer(path) builds the trainer of its algorithm")
     spec = trainer.spec.__dict__
     old = sc.get("space_spec")
     try:  # checkpoints from before a SpaceSpec field existed: the field's default
