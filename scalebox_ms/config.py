@@ -25,12 +25,13 @@ from typing import Any, Dict, List, Optional, Union
 import yaml
 
 from .config_offpolicy import ALGOS, POLICY_DEFAULTS, DQNConfig, SACConfig, TD3Config
-from .config_yaml import coerce, load_yaml, set_field, unknown_key
+from .config_yaml import KeysOnly, coerce, load_yaml, set_field, unknown_key
 from .errors import ConfigError, first_line, short_repr
 
 
 @dataclass
-class EnvConfig:
+class EnvConfig(KeysOnly):
+    SECTION = "env"
     id: str = "CartPole-v1"
     num_envs: int = 8
     #: 'gymnasium' (gymnasium's own envs) or 'native' (MindSpore graph dynamics: CartPole-v1, Acrobot-v1,
@@ -51,7 +52,8 @@ class EnvConfig:
 
 
 @dataclass
-class PolicyConfig:
+class PolicyConfig(KeysOnly):
+    SECTION = "policy"
     pi_layers: List[int] = field(default_factory=lambda: [64, 64])
     vf_layers: List[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"
@@ -86,7 +88,8 @@ class PolicyConfig:
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(KeysOnly):
+    SECTION = "ppo"
     n_steps: int = 2048
     #: minibatch size, or "auto": probe the sizes in [min_batch, max_batch] that divide the rollout in the
     #: first iteration and keep the one with the highest measured update throughput (see trainers.autobatch)
@@ -116,7 +119,8 @@ class PPOConfig:
 
 
 @dataclass
-class RunConfig:
+class RunConfig(KeysOnly):
+    SECTION = "run"
     seed: int = 0
     total_steps: int = 100_000
     #: write a checkpoint every this many env steps (0: only at the end)
@@ -137,7 +141,8 @@ class RunConfig:
 
 
 @dataclass
-class SandboxConfig:
+class SandboxConfig(KeysOnly):
+    SECTION = "sandbox"
     device: str = "auto"
     device_id: int = 0
     threads: int = 0
@@ -154,7 +159,8 @@ class SandboxConfig:
 
 
 @dataclass
-class AmpConfig:
+class AmpConfig(KeysOnly):
+    SECTION = "amp"
     #: amp level (scalebox_ms.amp): 'O0' (off, float32), 'O1' (Dense/FusedDense cells in low precision),
     #: 'O2' (the MLPs in low precision; distributions and loss in float32), 'O3' (O2 + distribution heads in low
     #: precision)
@@ -169,7 +175,8 @@ class AmpConfig:
 
 
 @dataclass
-class ParallelConfig:
+class ParallelConfig(KeysOnly):
+    SECTION = "parallel"
     #: data-parallel worker processes launched with msrun (1: single process). env.num_envs and
     #: ppo.batch_size are global: each rank steps num_envs / workers envs and computes batch_size / workers
     #: samples of each minibatch; gradients are averaged across ranks (HCCL / NCCL / MCCL)
@@ -188,7 +195,7 @@ class ParallelConfig:
 
 
 @dataclass
-class Config:
+class Config(KeysOnly):
     #: the algorithm: 'ppo', 'dqn', 'sac' or 'td3' (its section holds its settings; the others' are absent)
     algo: str = "ppo"
     env: EnvConfig = field(default_factory=EnvConfig)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from .config_yaml import FLOAT32_MAX, FLOAT32_TINY, check_positive
+from .config_yaml import FLOAT32_MAX, FLOAT32_TINY, KeysOnly, check_positive
 from .errors import ConfigError, short_repr
 
 ALGOS = ("ppo", "dqn", "sac", "td3")
@@ -37,7 +37,8 @@ ENT_COEF_MAX = 1e38
 
 
 @dataclass
-class DQNConfig:
+class DQNConfig(KeysOnly):
+    SECTION = "dqn"
     learning_rate: float = 1e-4
     buffer_size: int = 1_000_000
     #: env steps of uniformly random actions (and no gradient steps) before learning starts
@@ -71,7 +72,8 @@ HOST_ACTING_MAX_MACS = 1_000_000
 
 
 @dataclass
-class SACConfig:
+class SACConfig(KeysOnly):
+    SECTION = "sac"
     learning_rate: float = 3e-4
     buffer_size: int = 1_000_000
     learning_starts: int = 100
@@ -95,7 +97,8 @@ class SACConfig:
 
 
 @dataclass
-class TD3Config:
+class TD3Config(KeysOnly):
+    SECTION = "td3"
     learning_rate: float = 1e-3
     buffer_size: int = 1_000_000
     learning_starts: int = 100

@@ -121,6 +121,18 @@ def unknown_key(where: str, key: str, known) -> str:
     return f"{where}: unknown key {short_repr(key)}{suffix}"
 
 
+class KeysOnly:
+    """A config section (a dataclass) whose attributes are its keys: setting another name (``cfg.ppo.nsteps = 8``,
+    a typo) is a one-line ConfigError, as that key in a file is, not an attribute nothing reads."""
+    SECTION = "config"  # (its name in a file)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        fields = getattr(type(self), "__dataclass_fields__", {})
+        if name not in fields:
+            raise ConfigError(unknown_key(self.SECTION, name, fields))
+        object.__setattr__(self, name, value)
+
+
 def set_field(section_obj, section: str, key: str, value: Any) -> None:
     """``section_obj.key = value`` converted to the field's declared type (ConfigError naming ``section.key``)."""
     fields = {f.name: f for f in dataclasses.fields(section_obj)}

@@ -1,5 +1,6 @@
 import datetime
 import os
+import re
 
 import numpy as np
 import pytest
@@ -419,3 +420,18 @@ def test_a_config_edited_through_its_attributes_is_checked_by_the_trainer(sectio
     copy = ok.checked_copy()
     assert copy.policy.pi_layers == [32, 32] and copy.policy.vf_layers == [16]
     assert copy.env.num_envs == 2 and type(copy.env.num_envs) is int and copy.env.kwargs == {"frameskip": (2, 5)}
+
+
+@pytest.mark.parametrize("statement, culprit", [
+    ("cfg.ppo.nsteps = 8", "ppo: unknown key 'nsteps' (did you mean 'n_steps'?)"),
+    ("cfg.run.totalsteps = 8", "run: unknown key 'totalsteps' (did you mean 'total_steps'?)"),
+    ("cfg.sac.entcoef = 0.1", "sac: unknown key 'entcoef' (did you mean 'ent_coef'?)"),
+    ("cfg.enviroment = {}", "config: unknown key 'enviroment' (known: algo, env, policy, ppo, "),
+])
+def test_a_misspelt_attribute_of_a_config_is_refused_as_the_key_in_a_file_is(statement, culprit):
+    """``cfg.ppo.nsteps = 8`` set an attribute nothing reads: the run trained with n_steps 32 without a word."""
+    cfg = load_config(None)
+    with pytest.raises(ConfigError, match="^" + re.escape(culprit)):
+        exec(statement, {"cfg": cfg})
+    cfg.ppo.n_steps, cfg.algo, cfg.sac.ent_coef = 8, "sac", 0.1  # (the keys themselves)
+    assert (cfg.ppo.n_steps, cfg.sac.ent_coef) == (8, 0.1)

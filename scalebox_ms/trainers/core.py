@@ -17,7 +17,7 @@ from typing import Optional, Union
 import numpy as np
 
 from ..config import Config
-from ..errors import ConfigError
+from ..errors import ConfigError, short_repr
 from ..sandbox import Sandbox
 
 
@@ -80,7 +80,12 @@ class Trainer:
     algo = ""
 
     def __init__(self, config: Union[Config, dict, None], sandbox: Optional[Sandbox], overrides: dict):
+        if sandbox is not None and not isinstance(sandbox, Sandbox):  # ("cpu", {"device": "gpu"}: ignored silently)
+            raise ConfigError(f"sandbox: expected a scalebox_ms.Sandbox or None, got {type(sandbox).__name__} "
+                              f"{short_repr(sandbox)} (the config's section goes into the config: config.sandbox, or "
+                              "{'sandbox': {...}} in a dict)")
         self.config = coerce_config(config, self.algo, overrides)
+        self._config_built = self.config.to_dict()  # (see _refuse_if_config_changed)
         self.log = logging.getLogger("scalebox_ms")
         self.sandbox = sandbox if sandbox is not None else sandbox_for(self.config)
         if hasattr(sandbox, "reseed"):  # run.seed decides the initial parameters, whatever ran in the process before
@@ -148,6 +153,20 @@ class Trainer:
         """(batch, single): see :meth:`~scalebox_ms.envs.obs_encoding.ObsEncoder.as_batch`."""
         return self.collector.encoder.as_batch(obs, what)
 
+    def _refuse_if_config_changed(self, what: str) -> None:
+        """``trainer.config`` is the config the trainer was built with: its envs, networks, buffers and compiled
+        graphs came from it. A key changed on it afterwards (``trainer.config.env.num_envs = 4``) reached some of
+        them and not others (the step counters counted envs that did not exist, a checkpoint did not load again):
+        refused, but for the keys a resume may change too (``run.total_steps``, ``run.eval_every``, ...)."""
+        from .lifecycle import RESUMABLE_KEYS, config_changes
+
+        changed = config_changes(self._config_built, self.config.to_dict())
+        if changed:
+            raise ConfigError(f"{what}: trainer.config was changed after the trainer was built ({changed[0]}"
+                              f"{', ...' if len(changed) > 1 else ''}); a trainer keeps the config it was built with "
+                              f"(but {', '.join(RESUMABLE_KEYS)}): to train with other settings, build a trainer of "
+                              "the changed config and load() this one's checkpoint into it")
+
     def _check_horizon(self, total_steps: Optional[int], until: Optional[int]) -> int:
         """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at."""
         if total_steps is not None:
@@ -172,12 +191,11 @@ class Trainer:
             raise ConfigError(f"learn: this {type(self).__name__} was closed (its envs are gone); build a new one, "
                               "e.g. load_trainer(checkpoint)")
         self._refuse_if_acting_only("learn")
-        if callbacks is None:
-            callbacks = ()
+        self._refuse_if_config_changed("learn")
+        callbacks = _callback_list(callbacks)
         stop_at = self._check_horizon(total_steps, until)
         if self.collector.obs is None:
             self.collector.reset(seed=self._env_seed(self.config.run.seed), step=self.global_step)
-        callbacks = list(callbacks)
         if self.config.run.eval_every > 0 and not any(isinstance(cb, EvalCallback) for cb in callbacks):
             callbacks.append(EvalCallback.from_config(self.config, log=self.log.info))
         for cb in callbacks:
@@ -309,6 +327,7 @@ class Trainer:
         from .state import save
 
         self._refuse_if_acting_only("save")
+        self._refuse_if_config_changed("save")
         if self._torn_at is not None:
             from ..errors import CheckpointError
 
@@ -353,11 +372,27 @@ def _whole(name: str, value) -> int:
     """``learn``'s step counts: an integer (or a float holding one, 1e5), as the config's integer keys take."""
     import numbers
 
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, (numbers.Integral, float)) and not isinstance(value, bool) and float(value).is_integer():
+        if abs(value) >= 2**63:  # (run.total_steps is a 64-bit integer: a checkpoint of it would not load)
+            raise ConfigError(f"{name}: expected a 64-bit integer, got {value!r}")
         return int(value)
     raise ConfigError(f"{name}: expected an integer, got {value!r}")
+
+
+def _callback_list(callbacks) -> list:
+    """``learn``'s callbacks: a Callback, or a list (any iterable) of them (None: none). Objects of a class of one's own need
+    the three hooks (a Callback subclass has them all)."""
+    if callbacks is None:
+        return []
+    single = hasattr(callbacks, "on_iteration_end") or not hasattr(callbacks, "__iter__")
+    callbacks = [callbacks] if single else list(callbacks)
+    for cb in callbacks:
+        missing = [h for h in ("on_training_start", "on_iteration_end", "on_training_end")
+                   if not callable(getattr(cb, h, None))]
+        if missing:
+            raise ConfigError(f"callbacks: {short_repr(cb)} has no {missing[0]} method (subclass "
+                              "scalebox_ms.trainers.Callback, whose hooks do nothing until overridden)")
+    return callbacks
 
 
 def _stops(answer) -> bool:

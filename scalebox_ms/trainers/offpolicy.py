@@ -124,6 +124,8 @@ class OffPolicyTrainer(Trainer):
         self._phase_steps = o.train_freq
         self._pending: Optional[np.ndarray] = None  # the policy output for the observation _pending_obs
         self._pending_obs: Optional[np.ndarray] = None
+        self._pending_noise: Optional[np.ndarray] = None  # the acting noise _pending was computed with
+        self._redo_noise: Optional[np.ndarray] = None  # that noise, after the weights changed (see _weights_changed)
         # zeros in the shapes of the noise inputs, for phases without gradient steps or policy output
         self._no_train_noise = np.zeros_like(self._train_noise(np.random.default_rng(0), self.gradient_steps,
                                                                o.batch_size))
@@ -193,8 +195,10 @@ class OffPolicyTrainer(Trainer):
         """The policy output for the current observation: from the last phase call, or one acting call."""
         obs = self.collector.obs
         out, self._pending = self._pending, None
+        noise, self._redo_noise = self._redo_noise, None
         if out is None or not np.array_equal(self._pending_obs, obs):  # (new episodes since: recompute)
-            noise = self._act_noise_or_zeros(self.rng, self.num_envs)
+            if noise is None or not np.array_equal(self._pending_obs, obs):
+                noise = self._act_noise_or_zeros(self.rng, self.num_envs)
             out = self.policy_call(Tensor(obs), Tensor(noise)).asnumpy()
         return out
 
@@ -237,7 +241,7 @@ class OffPolicyTrainer(Trainer):
             for cb in callbacks:
                 if _stops(cb.on_iteration_end(self, metrics)):
                     stop = True
-            if stop:
+            if stop or self._closed:  # (a callback closed the trainer: its envs are gone)
                 break
         for cb in callbacks:
             cb.on_training_end(self)
@@ -299,7 +303,7 @@ class OffPolicyTrainer(Trainer):
                                   Tensor(np.float32(o.learning_rate)), Tensor(mean), Tensor(inv_std), Tensor(clip),
                                   Tensor(c.obs), Tensor(act_noise))
             self._pending = out.asnumpy() if needs_policy else None
-            self._pending_obs = c.obs
+            self._pending_obs, self._pending_noise, self._redo_noise = c.obs, act_noise, None
             self._after_phase()
             acc = acc.asnumpy()
             t_update += clock() - t0
@@ -413,11 +417,17 @@ class OffPolicyTrainer(Trainer):
             self.collector.raw_obs = np.asarray(sc["raw_obs"], np.uint8 if self.spec.image else np.float32)
         act_shape, act_dtype = self._replay_action_spec()
         self._pending = None if sc.get("pending") is None else np.asarray(sc["pending"], act_dtype)
+        self._pending_noise = self._redo_noise = None  # (not in checkpoints: drawn again if the weights change)
         inflight = sc.get("inflight") or {}
         self._pending_obs = None if inflight.get("obs") is None else np.asarray(inflight["obs"], np.float32)
 
     def _weights_changed(self) -> None:
-        self._pending = None  # (the last phase's action for the current observation came from the old weights)
+        # the last phase's action for the current observation came from the old weights: computed again from the
+        # new ones with the same noise (no new draw from the training stream: set_parameters(get_parameters())
+        # leaves training as it was)
+        if self._pending is not None:
+            self._redo_noise = self._pending_noise
+        self._pending = None
 
     def _restore_replay(self, arrays) -> None:
         """The checkpoint's replay contents, or (None) an empty buffer."""

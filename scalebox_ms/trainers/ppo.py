@@ -84,6 +84,7 @@ class PPOTrainer(Trainer):
                 self.config = config = Config.from_dict(data)  # re-validated for W ranks
             except ConfigError as exc:
                 raise ConfigError(f"{exc} (under msrun with {W} ranks detected)") from None
+            self._config_built = config.to_dict()  # (the config this trainer is built with)
         e, p = config.env, config.ppo
         if W > 1 and e.num_envs % W:
             raise ConfigError(f"env.num_envs: ({e.num_envs}) must be divisible by the {W} msrun workers")
@@ -241,7 +242,7 @@ class PPOTrainer(Trainer):
             for cb in callbacks:
                 if _stops(cb.on_iteration_end(self, metrics)):
                     stop = True
-            if stop:
+            if stop or self._closed:  # (a callback closed the trainer: its envs are gone)
                 break
         for cb in callbacks:
             cb.on_training_end(self)

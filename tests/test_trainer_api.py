@@ -1,0 +1,151 @@
+"""The trainers' Python API as code that embeds them uses it: what it passes wrongly is a one-line error."""
+import pytest
+
+from conftest import small_config
+from scalebox_ms import ConfigError
+from scalebox_ms.trainers import PPOTrainer, load_trainer, make_trainer
+
+
+@pytest.mark.parametrize("sandbox", ["cpu", {"device": "gpu"}, 0])
+def test_a_sandbox_that_is_not_one_is_refused(sandbox):
+    """``sandbox="cpu"`` or a dict were taken silently: no Sandbox was configured (the device setting ignored)
+    and run.seed no longer decided the initial weights."""
+    with pytest.raises(ConfigError, match=r"^sandbox: expected a scalebox_ms\.Sandbox or None, got "
+                                          rf"{type(sandbox).__name__} "):
+        make_trainer(small_config(), sandbox=sandbox)
+
+
+def test_learn_refuses_a_total_steps_beyond_64_bits_before_training(tmp_path):
+    """``learn(10**20)`` ("until solved") trained, and its checkpoint was then refused: run.total_steps is a
+    64-bit integer."""
+    t = PPOTrainer(small_config())
+    try:
+        for value in (10**20, 2**63, 1e19):
+            with pytest.raises(ConfigError, match=r"^total_steps: expected a 64-bit integer, got "):
+                t.learn(value, until=64)
+        assert t.global_step == 0 and t.config.run.total_steps == small_config().run.total_steps
+        t.learn(2**63 - 1, until=64)
+        back = load_trainer(t.save(str(tmp_path / "far")))
+        assert back.global_step == 64 and back.config.run.total_steps == 2**63 - 1
+        back.close()
+    finally:
+        t.close()
+
+
+def test_trainer_config_changed_after_the_trainer_was_built_is_refused(tmp_path):
+    """``trainer.config.env.num_envs = 4`` counted 4 envs' steps for the 2 that ran; ``train_freq`` changed
+    wrote a checkpoint that did not load. The keys a resume may change still may."""
+    t = PPOTrainer(small_config())
+    try:
+        t.learn(until=64)
+        t.config.env.num_envs = 8
+        for call in (t.learn, lambda: t.save(str(tmp_path / "x"))):
+            with pytest.raises(ConfigError, match=r"^(learn|save): trainer\.config was changed after the trainer "
+                                                  r"was built \(env\.num_envs=4 -> 8\); a trainer keeps"):
+                call()
+        assert t.global_step == 64 and not list(tmp_path.iterdir())
+        t.config.env.num_envs = 4
+        t.config.run.eval_episodes, t.config.run.checkpoint_every = 3, 7
+        t.learn(until=128)
+        assert t.global_step == 128
+    finally:
+        t.close()
+
+
+def test_a_config_built_by_the_user_and_changed_later_does_not_reach_the_trainer():
+    """(the trainer keeps its own copy: the check above concerns trainer.config only)"""
+    cfg = small_config()
+    t = PPOTrainer(cfg)
+    try:
+        cfg.env.num_envs = 8
+        t.learn(until=64)
+        assert t.global_step == 64 and t.config.env.num_envs == 4
+    finally:
+        t.close()
+
+
+def test_another_algorithms_checkpoint_is_named_as_such(tmp_path):
+    """``PPOTrainer.load`` of a DQN checkpoint blamed the first differing env or policy key (env.num_envs)."""
+    from scalebox_ms import CheckpointError, Config
+
+    dqn = make_trainer(Config.from_dict({"algo": "dqn", "env": {"id": "CartPole-v1", "num_envs": 4},
+                                         "policy": {"activation": "tanh"}, "run": {"progress": False}}))
+    try:
+        path = dqn.save(str(tmp_path / "dqn"))
+    finally:
+        dqn.close()
+    t = PPOTrainer(small_config())
+    try:
+        with pytest.raises(CheckpointError, match=r"^checkpoint .*dqn is a DQN checkpoint, this is a PPOTrainer; "
+                                                  r"load_trainer\(path\) builds the trainer of its algorithm$"):
+            t.load(path)
+    finally:
+        t.close()
+    back = load_trainer(path)
+    assert back.algo == "dqn"
+    back.close()
+
+
+def test_callbacks_one_or_a_list_and_what_is_not_one_is_one_line():
+    """``learn(callbacks=MyCallback())`` raised "TypeError: 'MyCallback' object is not iterable", a function an
+    AttributeError from deep inside learn."""
+    from scalebox_ms.trainers import Callback
+
+    class Count(Callback):
+        n = 0
+
+        def on_iteration_end(self, trainer, metrics):
+            Count.n += 1
+
+    t = PPOTrainer(small_config())
+    try:
+        t.learn(until=64, callbacks=Count())
+        t.learn(until=128, callbacks=(cb for cb in [Count()]))
+        assert Count.n == 2
+        for bad, name in ((print, "<built-in function print>"), ([Count(), 3], "3")):
+            with pytest.raises(ConfigError, match=rf"^callbacks: {name} has no on_training_start method"):
+                t.learn(until=192, callbacks=bad)
+        assert t.global_step == 128
+    finally:
+        t.close()
+
+
+def test_a_set_parameters_round_trip_between_learn_calls_leaves_training_as_it_was(algo="sac"):
+    """SAC's next action (computed by the last phase call) was dropped by set_parameters and computed again with
+    noise drawn anew from the training stream: set_parameters(get_parameters()) changed the rest of training."""
+    from scalebox_ms import Config
+
+    def config():
+        return Config.from_dict({"algo": algo, "env": {"id": "Pendulum-v1", "num_envs": 1},
+                                 "policy": {"pi_layers": [16], "vf_layers": [16]},
+                                 algo: {"batch_size": 16, "learning_starts": 50, "buffer_size": 1000,
+                                        "train_freq": 50, "gradient_steps": 5},
+                                 "run": {"seed": 2, "total_steps": 3000, "progress": False}})
+
+    hashes = []
+    for round_trip in (False, True):
+        t = make_trainer(config())
+        try:
+            t.learn(until=1000)
+            if round_trip:
+                t.set_parameters(t.get_parameters())
+            t.learn(until=2000)
+            hashes.append(t.parameters_sha256())
+        finally:
+            t.close()
+    assert hashes[0] == hashes[1]
+
+
+def test_a_callback_that_closes_the_trainer_ends_learn():
+    """learn went on stepping the closed envs to the end of the run."""
+    from scalebox_ms.trainers import Callback
+
+    class CloseIt(Callback):
+        def on_iteration_end(self, trainer, metrics):
+            trainer.close()
+
+    t = PPOTrainer(small_config())
+    t.learn(callbacks=[CloseIt()])
+    assert t.global_step == 64
+    with pytest.raises(ConfigError, match="^learn: this PPOTrainer was closed"):
+        t.learn()
