@@ -77,6 +77,22 @@ def test_corrupt_latest_sidecar_names_the_newest_intact_one_and_checkpoint_resum
     assert no_temporaries(run_copy)
 
 
+def test_a_run_without_an_intact_checkpoint_says_how_to_start_again_from_its_config(run_copy, tmp_path):
+    """It said "start a new run", and starting one into the same directory was refused (it exists): the user was
+    sent back and forth between the two commands."""
+    from scalebox_ms import load_config
+
+    for step in (0, 64, 128, 192):
+        os.unlink(ckpt(run_copy, step, ".env.pkl"))
+    config = os.path.join(run_copy, "config.yaml")
+    with pytest.raises(CheckpointError) as e:
+        train_run(resume=run_copy, log=quiet)
+    assert one_line(e).endswith(f"; start a new run from its config in another directory: --config {config} "
+                                "--run-dir <new dir>")
+    summary = train_run(load_config(config), run_dir=str(tmp_path / "again"), until=64, log=quiet)
+    assert summary["global_step"] == 64
+
+
 def test_a_second_resume_from_an_earlier_checkpoint_overwrites_nothing_in_discarded(run_copy):
     discarded = os.path.join(run_copy, "checkpoints", "discarded")
     train_run(resume=run_copy, checkpoint=ckpt(run_copy, 64), until=128, log=quiet)  # moves 128 and 192 away
@@ -88,6 +104,23 @@ def test_a_second_resume_from_an_earlier_checkpoint_overwrites_nothing_in_discar
     assert open(os.path.join(discarded, "ckpt_000000000192.json")).read().endswith(" ")
     assert os.path.exists(os.path.join(discarded, "2", "ckpt_000000000128.ckpt"))
     assert steps_in_metrics(run_copy) == [64, 128]
+
+
+def test_resume_removes_the_files_of_checkpoints_without_their_sidecar(run_copy):
+    """A process killed between a checkpoint's files (its sidecar is written last) or while pruning one (its
+    sidecar removed first) left files no resume could use: a resume moved them into discarded/ (again each time)
+    or left them in checkpoints/ for good (an off-policy run's replay file each time)."""
+    ckpts = os.path.join(run_copy, "checkpoints")
+    for ext in (".ckpt", ".env.pkl", ".replay.npz"):  # killed while writing step 320's checkpoint
+        with open(os.path.join(ckpts, "ckpt_000000000320" + ext), "wb") as f:
+            f.write(b"\0" * 100)
+    os.unlink(ckpt(run_copy, 0))  # killed while pruning step 0's checkpoint
+    with open(os.path.join(ckpts, "mine.ckpt"), "wb") as f:  # (not a run's name: left alone)
+        f.write(b"\0")
+    summary = train_run(resume=run_copy, until=256, log=quiet)
+    assert summary["global_step"] == 256
+    assert sorted(os.listdir(ckpts)) == sorted(["mine.ckpt"] + [f"ckpt_{s:012d}{ext}" for s in (64, 128, 192, 256)
+                                                                  for ext in (".ckpt", ".json", ".env.pkl")])
 
 
 def test_checkpoint_of_another_run_is_refused(run_copy, paused_run):
@@ -352,6 +385,49 @@ def test_a_second_signal_aborts_at_once(tmp_path, monkeypatch):
                   log=quiet)
     assert signal.getsignal(signal.SIGTERM) == before
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+_SIGNAL_AT_THE_END = """
+import os, signal, sys, time
+from scalebox_ms import train
+from scalebox_ms.trainers.core import Trainer
+
+sig, where, run_dir = getattr(signal, sys.argv[1]), sys.argv[2], sys.argv[3]
+def kill():
+    os.kill(os.getpid(), sig)
+    time.sleep(0.5)  # (the routed SIGINT arrives from another thread)
+close, say_out = Trainer.close, train.say_out
+def closing(self):
+    if where == "close" and os.path.exists(os.path.join(run_dir, "summary.json")):
+        kill()
+        print("signalled in close", file=sys.stderr)
+    close(self)
+def printing(text):
+    if where == "print":
+        kill()
+    say_out(text)
+Trainer.close, train.say_out = closing, printing
+sys.argv = ["train", "--run-dir", run_dir, "--total-steps", "128", "--set", "env.num_envs=4", "--set",
+            "ppo.n_steps=16", "--set", "ppo.batch_size=32", "--set", "run.eval_episodes=0", "--no-progress"]
+sys.exit(train.main())
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
+@pytest.mark.parametrize("where", ["close", "print"])
+def test_a_signal_after_the_run_completed_leaves_it_completed(tmp_path, name, where):
+    """Between summary.json and the exit (the envs closing, the summary printed) SIGTERM killed train (exit 143,
+    no summary on stdout) and Ctrl-C gave "interrupted" (130) or a KeyboardInterrupt traceback from the
+    interpreter's shutdown, for a run whose summary.json said completed."""
+    run_dir = str(tmp_path / "run")
+    r = subprocess.run([sys.executable, "-c", _SIGNAL_AT_THE_END, name, where, run_dir], cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=300,
+                       preexec_fn=as_from_a_terminal)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["status"] == "completed" and "Traceback" not in r.stderr
+    assert ("signalled in close" in r.stderr) == (where == "close")
+    assert json.load(open(os.path.join(run_dir, "summary.json")))["status"] == "completed"
 
 
 @pytest.mark.integration

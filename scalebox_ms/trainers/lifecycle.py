@@ -41,7 +41,9 @@ def select_checkpoint(run_dir: str, chosen: Optional[str]) -> Optional[str]:
     latest = max(broken)
     why = broken[latest]
     if prefix is None:
-        raise CheckpointError(f"--resume {run_dir}: no intact checkpoint (latest: {why}); start a new run")
+        raise CheckpointError(f"--resume {run_dir}: no intact checkpoint (latest: {why}); start a new run from "
+                              f"its config in another directory: --config {os.path.join(run_dir, 'config.yaml')} "
+                              "--run-dir <new dir>")
     raise CheckpointError(f"--resume {run_dir}: the latest checkpoint {os.path.basename(latest)} is unusable "
                           f"({why}); the newest intact one is {os.path.basename(prefix)}: continue from it with "
                           f"--checkpoint {prefix}.json")
@@ -70,13 +72,24 @@ def discard_newer(run_dir: str, step: int, log) -> None:
 
 
 def remove_stale_temporaries(run_dir: str) -> None:
-    """Delete the ``.tmp-*`` files a killed writer left (call with the run's lock held: no writer is active)."""
-    for d in (run_dir, os.path.join(run_dir, "checkpoints")):
-        for path in glob.glob(os.path.join(glob.escape(d), ".tmp-*")):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+    """Delete the ``.tmp-*`` files a killed writer left, and the files of checkpoints without their sidecar (a
+    process killed between a checkpoint's files, or while pruning one, sidecar first: never a checkpoint, and an
+    off-policy one's replay file may be gigabytes). Call with the run's lock held: no writer is active."""
+    from .checkpoint import CHECKPOINT_NAME, EXTENSIONS
+
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    stale = [path for d in (run_dir, ckpt_dir) for path in glob.glob(os.path.join(glob.escape(d), ".tmp-*"))]
+    for path in glob.glob(os.path.join(glob.escape(ckpt_dir), "ckpt_*")):
+        name = os.path.basename(path)
+        for ext in EXTENSIONS[1:]:
+            if name.endswith(ext) and CHECKPOINT_NAME.fullmatch(name[: -len(ext)]) and \
+                    not os.path.exists(path[: -len(ext)] + ".json"):
+                stale.append(path)
+    for path in stale:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:

@@ -315,11 +315,13 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
         if not distributed:  # msrun ranks train in lockstep: one rank stopping alone would hang the others
             stopper.install()
         return _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, stopper)
-    finally:
-        stopper.restore()
-        if lock is not None and not resuming:
-            lock.release()
-        trainer.close()
+    finally:  # (a signal while the envs close is held by the stopper: the run's files are final already)
+        try:
+            trainer.close()
+            if lock is not None and not resuming:
+                lock.release()
+        finally:
+            stopper.restore()
 
 
 def _solved_at_checkpoint(trainer, cfg) -> Optional[dict]:
