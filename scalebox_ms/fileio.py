@@ -93,7 +93,12 @@ def atomic_write_text(path: str, text: str) -> None:
 
 
 def atomic_write_json(path: str, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json_text(obj))
+
+
+def json_text(obj) -> str:
+    """The JSON form of the files scalebox_ms writes (indented, sorted keys)."""
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
 def sha256_file(path: str) -> str:

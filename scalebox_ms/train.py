@@ -29,7 +29,6 @@ import json
 import os
 import signal
 import sys
-import threading
 
 from .cli_common import (OneLineArgumentParser, import_held, import_mindspore, route_sigint_around_mindspore, run_cli,
                          say, say_out)
@@ -128,13 +127,7 @@ def main(argv=None) -> int:
 
         summary = train_run(cfg, run_dir=args.run_dir, resume=args.resume, until=args.until,
                             progress=False if args.no_progress else None, profile=args.profile,
-                            log=say, checkpoint=args.checkpoint)
-        if argv is None and threading.current_thread() is threading.main_thread():
-            # the run's files are final and its summary says how it ended: a signal from here to the exit (a
-            # scheduler's SIGTERM at its time limit, a late Ctrl-C) must not make it look killed (exit 143, or
-            # a KeyboardInterrupt traceback from the interpreter's shutdown)
-            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(s, signal.SIG_IGN)
+                            log=say, checkpoint=args.checkpoint, exiting=argv is None)
         if summary is not None and not in_msrun():  # under msrun the launcher prints rank 0's summary
             say_out(json.dumps(summary, indent=2))
         if summary is not None and summary["status"] == "interrupted":

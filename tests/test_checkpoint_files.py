@@ -52,6 +52,25 @@ def test_a_failed_save_to_a_name_in_use_leaves_the_earlier_checkpoint_as_it_was(
     back.close()
 
 
+def test_a_failed_sidecar_write_leaves_the_earlier_checkpoint_as_it_was(tmp_path, trainer, monkeypatch):
+    """The sidecar was written after the earlier checkpoint's files were replaced: a disk full there lost both."""
+    import errno
+
+    from scalebox_ms.trainers import checkpoint
+
+    prefix = str(tmp_path / "latest")
+    trainer.save(prefix)
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
+
+    def full(obj):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "json_text", full)
+    with pytest.raises(CheckpointError, match=f"^cannot write checkpoint {prefix}: No space left on device$"):
+        trainer.save(prefix)
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
+
+
 def test_a_save_to_a_name_in_use_replaces_every_file_of_it(tmp_path, trainer):
     """The new checkpoint has no env state file: the earlier one's is removed, not left beside it."""
     prefix = str(tmp_path / "latest")

@@ -115,12 +115,17 @@ def test_resume_removes_the_files_of_checkpoints_without_their_sidecar(run_copy)
         with open(os.path.join(ckpts, "ckpt_000000000320" + ext), "wb") as f:
             f.write(b"\0" * 100)
     os.unlink(ckpt(run_copy, 0))  # killed while pruning step 0's checkpoint
-    with open(os.path.join(ckpts, "mine.ckpt"), "wb") as f:  # (not a run's name: left alone)
-        f.write(b"\0")
-    summary = train_run(resume=run_copy, until=256, log=quiet)
+    for name in ("mine.ckpt", "ckpt_7.ckpt"):  # (not a run's names: left alone)
+        with open(os.path.join(ckpts, name), "wb") as f:
+            f.write(b"\0")
+    lines = []
+    summary = train_run(resume=run_copy, until=256, log=lines.append)
     assert summary["global_step"] == 256
-    assert sorted(os.listdir(ckpts)) == sorted(["mine.ckpt"] + [f"ckpt_{s:012d}{ext}" for s in (64, 128, 192, 256)
-                                                                  for ext in (".ckpt", ".json", ".env.pkl")])
+    assert sorted(os.listdir(ckpts)) == sorted(["mine.ckpt", "ckpt_7.ckpt"] + [
+        f"ckpt_{s:012d}{ext}" for s in (64, 128, 192, 256) for ext in (".ckpt", ".json", ".env.pkl")])
+    assert ("removed ckpt_000000000000.ckpt, ckpt_000000000000.env.pkl, ckpt_000000000320.ckpt, "
+            "ckpt_000000000320.env.pkl, ckpt_000000000320.replay.npz: files of checkpoint(s) without their sidecar "
+            "(a process killed while writing or pruning them)") in lines
 
 
 def test_checkpoint_of_another_run_is_refused(run_copy, paused_run):

@@ -34,7 +34,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import CheckpointError, short_repr
-from ..fileio import atomic_write_json, errors_named, remove_temporaries, sha256_file, staged_path
+from ..fileio import errors_named, json_text, remove_temporaries, sha256_file, staged_path
 
 FORMAT = "scalebox_ms.ppo.v1"  # (the name predates the off-policy trainers; their checkpoints use it too)
 # sidecar first: removing it first leaves no half checkpoint
@@ -106,15 +106,22 @@ def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=No
     committing = False
     try:
         sidecar = _stage_checkpoint(prefix, tensors, sidecar, env_obj, replay, staged)
-        committing = True  # (from here on the checkpoint at prefix is incomplete until the new sidecar lands)
-        if os.path.exists(prefix + ".json"):
+        with errors_named(prefix + ".json"), staged_path(prefix + ".json") as tmp:
+            staged[".json"] = tmp
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(json_text(sidecar))
+        # everything is on disk: from here on only renames and unlinks, which need no space
+        if os.path.exists(prefix + ".json"):  # (the checkpoint at prefix is incomplete until the new sidecar lands)
             os.unlink(prefix + ".json")
+        committing = True
         for ext in EXTENSIONS[1:]:
             if ext in staged:
-                os.replace(staged.pop(ext), prefix + ext)
+                os.replace(staged[ext], prefix + ext)
+                del staged[ext]
             elif os.path.exists(prefix + ext):  # (the earlier checkpoint's file, which this one has not)
                 os.unlink(prefix + ext)
-        atomic_write_json(prefix + ".json", sidecar)
+        os.replace(staged[".json"], prefix + ".json")
+        del staged[".json"]
         return prefix + ".json"
     except BaseException as exc:  # a write error, or a second signal (abort at once) between the files
         for tmp in staged.values():
@@ -392,7 +399,9 @@ def read_checkpoint(path: str, replay: bool = True) -> Dict:
 
 
 def prune_checkpoints(directory: str, keep: int) -> None:
-    for prefix in list_checkpoints(directory)[:-keep]:
+    """Remove all but the ``keep`` newest of a run's own checkpoints (``ckpt_<12 digits>``) in ``directory``."""
+    own = [p for p in list_checkpoints(directory) if AUTO_NAME.fullmatch(os.path.basename(p))]
+    for prefix in own[:-keep]:
         for ext in EXTENSIONS:  # sidecar first: an interrupted prune leaves no half checkpoint
             if os.path.exists(prefix + ext):
                 os.unlink(prefix + ext)

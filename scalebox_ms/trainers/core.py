@@ -157,15 +157,16 @@ class Trainer:
         """``trainer.config`` is the config the trainer was built with: its envs, networks, buffers and compiled
         graphs came from it. A key changed on it afterwards (``trainer.config.env.num_envs = 4``) reached some of
         them and not others (the step counters counted envs that did not exist, a checkpoint did not load again):
-        refused, but for the keys a resume may change too (``run.total_steps``, ``run.eval_every``, ...)."""
+        refused, but for the keys a resume may change too (``run.total_steps``, ``run.eval_every``, ...) and those
+        ``learn`` reads on every iteration (:data:`LIVE_KEYS`: a learning-rate decay of one's own)."""
         from .lifecycle import RESUMABLE_KEYS, config_changes
 
-        changed = config_changes(self._config_built, self.config.to_dict())
+        changed = config_changes(self._config_built, self.config.to_dict(), free=RESUMABLE_KEYS + LIVE_KEYS)
         if changed:
             raise ConfigError(f"{what}: trainer.config was changed after the trainer was built ({changed[0]}"
-                              f"{', ...' if len(changed) > 1 else ''}); a trainer keeps the config it was built with "
-                              f"(but {', '.join(RESUMABLE_KEYS)}): to train with other settings, build a trainer of "
-                              "the changed config and load() this one's checkpoint into it")
+                              f"{', ...' if len(changed) > 1 else ''}), which it does not follow (only the run.* "
+                              "bookkeeping keys and the learning rate and clip range may change); set it back, or "
+                              "build a trainer of the changed config and load() a checkpoint of this one into it")
 
     def _check_horizon(self, total_steps: Optional[int], until: Optional[int]) -> int:
         """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at."""
@@ -372,11 +373,18 @@ def _whole(name: str, value) -> int:
     """``learn``'s step counts: an integer (or a float holding one, 1e5), as the config's integer keys take."""
     import numbers
 
-    if isinstance(value, (numbers.Integral, float)) and not isinstance(value, bool) and float(value).is_integer():
-        if abs(value) >= 2**63:  # (run.total_steps is a 64-bit integer: a checkpoint of it would not load)
-            raise ConfigError(f"{name}: expected a 64-bit integer, got {value!r}")
-        return int(value)
-    raise ConfigError(f"{name}: expected an integer, got {value!r}")
+    whole = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or \
+        (isinstance(value, float) and value.is_integer())
+    if not whole:
+        raise ConfigError(f"{name}: expected an integer, got {short_repr(value)}")
+    if abs(int(value)) >= 2**63:  # (run.total_steps is a 64-bit integer: a checkpoint of it would not load)
+        raise ConfigError(f"{name}: expected a 64-bit integer, got {short_repr(value)}")
+    return int(value)
+
+
+#: keys ``learn`` reads from ``trainer.config`` on every iteration (they may change between ``learn`` calls)
+LIVE_KEYS = ("ppo.learning_rate", "ppo.lr_schedule", "ppo.clip_range", "ppo.clip_schedule", "dqn.learning_rate",
+             "sac.learning_rate", "td3.learning_rate")
 
 
 def _callback_list(callbacks) -> list:
@@ -387,6 +395,8 @@ def _callback_list(callbacks) -> list:
     single = hasattr(callbacks, "on_iteration_end") or not hasattr(callbacks, "__iter__")
     callbacks = [callbacks] if single else list(callbacks)
     for cb in callbacks:
+        if isinstance(cb, type):
+            raise ConfigError(f"callbacks: {cb.__name__} is a class; pass an instance: {cb.__name__}()")
         missing = [h for h in ("on_training_start", "on_iteration_end", "on_training_end")
                    if not callable(getattr(cb, h, None))]
         if missing:

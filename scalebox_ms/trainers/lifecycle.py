@@ -38,7 +38,7 @@ def select_checkpoint(run_dir: str, chosen: Optional[str]) -> Optional[str]:
     prefix, broken = newest_intact(ckpt_dir) if os.path.isdir(ckpt_dir) else (None, {})
     if not broken:
         return prefix
-    latest = max(broken)
+    latest = next(iter(broken))  # (newest_intact fills it newest first)
     why = broken[latest]
     if prefix is None:
         raise CheckpointError(f"--resume {run_dir}: no intact checkpoint (latest: {why}); start a new run from "
@@ -71,21 +71,26 @@ def discard_newer(run_dir: str, step: int, log) -> None:
     log(f"moved the later checkpoint(s) {', '.join(sorted({name for _, name in later}))} to {target}")
 
 
-def remove_stale_temporaries(run_dir: str) -> None:
+def remove_stale_temporaries(run_dir: str, log=None) -> None:
     """Delete the ``.tmp-*`` files a killed writer left, and the files of checkpoints without their sidecar (a
     process killed between a checkpoint's files, or while pruning one, sidecar first: never a checkpoint, and an
-    off-policy one's replay file may be gigabytes). Call with the run's lock held: no writer is active."""
-    from .checkpoint import CHECKPOINT_NAME, EXTENSIONS
+    off-policy one's replay file may be gigabytes; only the run's own names, ``ckpt_<12 digits>``, are looked at,
+    and ``log`` names them). Call with the run's lock held: no writer is active."""
+    from .checkpoint import AUTO_NAME, EXTENSIONS
 
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     stale = [path for d in (run_dir, ckpt_dir) for path in glob.glob(os.path.join(glob.escape(d), ".tmp-*"))]
+    orphans = []
     for path in glob.glob(os.path.join(glob.escape(ckpt_dir), "ckpt_*")):
         name = os.path.basename(path)
         for ext in EXTENSIONS[1:]:
-            if name.endswith(ext) and CHECKPOINT_NAME.fullmatch(name[: -len(ext)]) and \
+            if name.endswith(ext) and AUTO_NAME.fullmatch(name[: -len(ext)]) and \
                     not os.path.exists(path[: -len(ext)] + ".json"):
-                stale.append(path)
-    for path in stale:
+                orphans.append(path)
+    if orphans and log is not None:
+        log(f"removed {', '.join(sorted(os.path.basename(p) for p in orphans))}: files of checkpoint(s) without "
+            "their sidecar (a process killed while writing or pruning them)")
+    for path in stale + orphans:
         try:
             os.unlink(path)
         except OSError:
@@ -184,9 +189,11 @@ class StopOnSignal(Callback):
                 self._previous[s] = signal.signal(s, self._handle)
         return self
 
-    def restore(self) -> None:
+    def restore(self, ignore: bool = False) -> None:
+        """The handlers from before :meth:`install`; with ``ignore`` SIG_IGN instead (a process about to exit whose
+        run is over: a late signal must not make it look killed)."""
         for s, handler in self._previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, signal.SIG_IGN if ignore else handler)
         self._previous = {}
 
     def __enter__(self) -> "StopOnSignal":

@@ -401,12 +401,15 @@ class OffPolicyTrainer(Trainer):
 
     # ------------------------------------------------------------------ state
     #: sidecar keys that belong to the episodes in flight (None in checkpoints whose resume starts fresh episodes)
-    INFLIGHT_EXTRA = ("raw_obs", "pending")
+    INFLIGHT_EXTRA = ("raw_obs", "pending", "pending_noise")
 
     def _sidecar_extra(self) -> dict:
         c = self.collector
+        # the acting noise of the pending action (or of the one set_parameters dropped: computed again with it)
+        noise = self._pending_noise if self._pending is not None else self._redo_noise
         return {"raw_obs": None if c.raw_obs is None else c.raw_obs.tolist(),
                 "pending": None if self._pending is None else self._pending.tolist(),
+                "pending_noise": None if noise is None else noise.tolist(),
                 "n_updates": self.n_updates, "replay_size": len(self.replay),
                 "replay_saved": bool(self.config.run.save_replay)}
 
@@ -417,7 +420,8 @@ class OffPolicyTrainer(Trainer):
             self.collector.raw_obs = np.asarray(sc["raw_obs"], np.uint8 if self.spec.image else np.float32)
         act_shape, act_dtype = self._replay_action_spec()
         self._pending = None if sc.get("pending") is None else np.asarray(sc["pending"], act_dtype)
-        self._pending_noise = self._redo_noise = None  # (not in checkpoints: drawn again if the weights change)
+        noise = None if sc.get("pending_noise") is None else np.asarray(sc["pending_noise"], np.float32)
+        self._pending_noise, self._redo_noise = (noise, None) if self._pending is not None else (None, noise)
         inflight = sc.get("inflight") or {}
         self._pending_obs = None if inflight.get("obs") is None else np.asarray(inflight["obs"], np.float32)
 

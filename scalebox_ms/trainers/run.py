@@ -202,7 +202,7 @@ def default_run_dir(cfg: Config) -> str:
 
 def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resume: Optional[str] = None,
               until: Optional[int] = None, progress: Optional[bool] = None, log=print, profile: int = 0,
-              checkpoint: Optional[str] = None) -> dict:
+              checkpoint: Optional[str] = None, exiting: bool = False) -> dict:
     """Train a new run in ``run_dir`` or continue ``resume``; returns the summary dict.
 
     ``resume`` continues from the latest checkpoint, or from ``checkpoint`` (one of the run's own; later ones are
@@ -210,6 +210,8 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
     config. The run directory is locked (:mod:`scalebox_ms.runlock`) while this runs. SIGINT/SIGTERM stop at the
     next iteration boundary with a checkpoint and ``"status": "interrupted"``; a second one aborts at once.
     ``profile=N`` records N iterations (after the first) with MindSpore's profiler into ``<run_dir>/profile``.
+    ``exiting``: the process exits when this returns (the CLI): SIGINT/SIGTERM/SIGHUP are then left ignored, not
+    restored (a scheduler's SIGTERM after the summary must not make a completed run look killed).
     """
     from ..parallel.context import in_msrun
     from ..runlock import RunLock, held_by_launcher, in_use
@@ -245,13 +247,14 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
             run_dir = run_dir or default_run_dir(cfg)
             if first_rank and in_use(run_dir):
                 raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
-        return _train(cfg, run_dir, prefix, resume is not None, until, progress, log, profile, distributed, lock)
+        return _train(cfg, run_dir, prefix, resume is not None, until, progress, log, profile, distributed, lock,
+                      exiting)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distributed, lock):
+def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distributed, lock, exiting):
     from ..runlock import RunLock, held_by_launcher, in_use
 
     created = not os.path.exists(run_dir)
@@ -274,7 +277,7 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
             _check_world_size(prefix, trainer.world_size)
             trainer.load(prefix)
             if trainer.dist.is_main:
-                remove_stale_temporaries(run_dir)
+                remove_stale_temporaries(run_dir, log)
                 discard_newer(run_dir, trainer.global_step, log)
                 truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
                 log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(prefix)}")
@@ -318,10 +321,12 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
     finally:  # (a signal while the envs close is held by the stopper: the run's files are final already)
         try:
             trainer.close()
-            if lock is not None and not resuming:
-                lock.release()
         finally:
-            stopper.restore()
+            try:
+                if lock is not None:  # (a resume's lock: train_run's, released here before the signals go)
+                    lock.release()
+            finally:
+                stopper.restore(ignore=exiting)
 
 
 def _solved_at_checkpoint(trainer, cfg) -> Optional[dict]:
