@@ -85,7 +85,7 @@ def _deploy_cell(policy_cell, obs_normalizer, encoder=None):
     return DeployPolicy()
 
 
-def _action_space_json(spec) -> dict:
+def _action_space_json(spec, space) -> dict:
     kind = spec.action_kind
     if kind == "discrete":
         return {"type": "Discrete", "n": spec.action_dim}
@@ -93,7 +93,8 @@ def _action_space_json(spec) -> dict:
         return {"type": "MultiDiscrete", "nvec": list(spec.nvec), "start": list(spec.action_start)}
     if kind == "multibinary":
         return {"type": "MultiBinary", "n": spec.action_dim}
-    return {"type": "Box", "shape": [spec.action_dim], "low": list(spec.low), "high": list(spec.high)}
+    return {"type": "Box", "shape": [spec.action_dim], "low": list(spec.low), "high": list(spec.high),
+            "dtype": str(space.dtype)}  # (the graph's float32 actions are cast to it and clipped in it)
 
 
 def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "L1", calibrate_steps: int = 200,
@@ -233,7 +234,7 @@ def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:
                   if encoder.plain else {"leaves": encoder.describe(), "encoded_dim": spec.obs_dim}),
         "output": {"dtype": "int32", "shape": [None]} if spec.discrete else
         {"dtype": "int32" if spec.integer_actions else "float32", "shape": [None, spec.action_dim]},
-        "action_space": _action_space_json(spec),
+        "action_space": _action_space_json(spec, trainer.env.single_action_space),
         "normalization": None if trainer.obs_normalizer is None else {
             "mean": trainer.obs_normalizer.rms.mean.tolist(), "var": trainer.obs_normalizer.rms.var.tolist(),
             "epsilon": trainer.obs_normalizer.epsilon, "clip": trainer.obs_normalizer.clip,

@@ -111,7 +111,8 @@ class MindIRPolicy:
         return self._obs_encoder
 
     def env_actions(self, actions: "np.ndarray") -> "np.ndarray":  # noqa: F821
-        """The graph's actions as the env takes them (int64 indices plus the space's start, int8 bits)."""
+        """The graph's actions as the env takes them (int64 indices plus the space's start, int8 bits; Box actions
+        in the space's dtype, clipped to its bounds in it: float32(0.1) is above a float64 bound 0.1)."""
         import numpy as np
 
         space = self.sidecar["action_space"]
@@ -122,7 +123,8 @@ class MindIRPolicy:
             return actions.astype(np.int64) + np.asarray(space["start"], np.int64)
         if kind == "MultiBinary":
             return actions.astype(np.int8)
-        return actions
+        dtype = np.dtype(space.get("dtype", "float32"))  # (sidecars before it: float32, the graph's own)
+        return np.clip(actions.astype(dtype), np.asarray(space["low"], dtype), np.asarray(space["high"], dtype))
 
 
 def evaluate_mindir(path: str, episodes: int = 20, seed: int = 10_000, max_envs: int = 16,

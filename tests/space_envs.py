@@ -11,6 +11,8 @@
 * ``WordsObs-v0`` -- a Dict observation with a Text part, which scalebox_ms cannot encode (for error tests).
 * ``OffSpaceObs-v0`` -- a Dict observation whose Discrete part is out of its space from the first reset on.
 * ``ScalarObs-v0`` -- a scalar Box observation (shape ``()``), two actions.
+* ``NarrowF64Action-v0`` -- Box(-0.1, 0.1) float64 actions the env checks are in its space (``integers=True``: an
+  int64 Box).
 * ``InfoSteps-v0`` -- Box(1,) observation, two actions, 3 steps per episode; ``info`` holds the step count, the
   last step adds ``ended`` (for the vector envs' info batching).
 """
@@ -132,6 +134,26 @@ class IntKeysObs(DictMatch):
         return {0: np.array([self.state[0]], np.float32), 1: self.state[1]}
 
 
+class NarrowF64Action(_Steps):
+    """Box(-0.1, 0.1) float64 actions, which the env checks are in its space (float32(0.1) > 0.1 is not): reward
+    -|action - 0.1 obs| (best 0). With ``integers=True`` the Box holds int64 values."""
+    observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, integers=False):
+        self.action_space = (spaces.Box(-2, 2, (1,), np.int64) if integers
+                             else spaces.Box(-0.1, 0.1, (1,), np.float64))
+
+    def _draw(self):
+        return np.float32(self.np_random.uniform(-1, 1))
+
+    def _obs(self):
+        return np.array([self.state], np.float32)
+
+    def _reward(self, action):
+        assert self.action_space.contains(action), f"{action!r} is not in {self.action_space}"
+        return -abs(float(action[0]) - 0.1 * float(self.state))
+
+
 class InfoSteps(gym.Env):
     observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
     action_space = spaces.Discrete(2)
@@ -149,6 +171,7 @@ class InfoSteps(gym.Env):
 
 for _name, _cls in (("DictMatch-v0", DictMatch), ("MultiDiscreteMatch-v0", MultiDiscreteMatch),
                     ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs), ("InfoSteps-v0", InfoSteps),
-                    ("OffSpaceObs-v0", OffSpaceObs), ("ScalarObs-v0", ScalarObs), ("IntKeysObs-v0", IntKeysObs)):
+                    ("OffSpaceObs-v0", OffSpaceObs), ("ScalarObs-v0", ScalarObs), ("IntKeysObs-v0", IntKeysObs),
+                    ("NarrowF64Action-v0", NarrowF64Action)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=f"{__name__}:{_cls.__name__}")

@@ -449,3 +449,15 @@ def test_import_held_leaves_an_ignored_sigint_ignored(tmp_path):
     r = subprocess.run([sys.executable, str(script)], env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "went on True", (r.returncode, r.stderr[-2000:])
+
+
+def test_a_non_finite_reward_in_evaluation_is_an_evaluation_error():
+    """Evaluation summed it: eval_mean_return null with no eval_error in summary.json, and evaluate --json printed
+    NaN (not JSON)."""
+    from scalebox_ms.trainers.evaluation import EvaluationError, run_episodes
+
+    with pytest.raises(EvaluationError, match=r"^evaluation of 'nan_envs:NaNRewardCartPole-v0': the env returned a "
+                                              r"non-finite reward \(inf\) at env index 0 \(0 of 2 episodes done\)$"):
+        run_episodes("nan_envs:NaNRewardCartPole-v0", {"at": 3}, lambda obs: np.zeros(len(obs), np.int64), 2)
+    assert len(run_episodes("nan_envs:NaNRewardCartPole-v0", {"at": 10**6},
+                            lambda obs: np.zeros(len(obs), np.int64), 2)) == 2

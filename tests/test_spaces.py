@@ -668,3 +668,55 @@ def test_predict_names_an_observation_of_the_wrong_shape_or_a_missing_part():
     finally:
         composite.close()
     assert not os.path.exists("rank_0")  # no compile failure left its analyzer files behind
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac", "td3"])
+def test_box_actions_reach_the_env_in_its_dtype_and_within_its_bounds(algo):
+    """Actions went to a float64 Box as float32 clipped to float32 bounds: float32(0.1) > 0.1 was outside the
+    space (an env that checks refused it at step 0; one that does not got off-space actions). Training, predict
+    and evaluation alike."""
+    from scalebox_ms.trainers import make_trainer
+    from scalebox_ms.trainers.evaluation import evaluate_policy
+
+    section = {"n_steps": 16, "batch_size": 32} if algo == "ppo" else {"batch_size": 16, "learning_starts": 64,
+                                                                          "train_freq": 16, "gradient_steps": 2}
+    cfg = Config.from_dict({"algo": algo, "env": {"id": "space_envs:NarrowF64Action-v0", "num_envs": 2},
+                            "policy": {"pi_layers": [8], "vf_layers": [8]}, algo: section,
+                            "run": {"seed": 0, "total_steps": 1000, "progress": False}})
+    t = make_trainer(cfg)
+    try:
+        t.learn(until=256)  # (the env asserts every action is in its space)
+        for deterministic in (True, False):
+            a = t.predict(np.full((64, 1), 1.0, np.float32), deterministic=deterministic)
+            assert a.dtype == np.float64 and np.all(np.abs(a) <= 0.1)
+        assert len(evaluate_policy(t, episodes=2)) == 2
+    finally:
+        t.close()
+
+
+def test_an_integer_box_action_space_is_refused_in_one_line():
+    from scalebox_ms.trainers import PPOTrainer
+
+    with pytest.raises(ConfigError, match=r"^env\.id: 'space_envs:NarrowF64Action-v0' has a Box action space of "
+                                          r"int64 values; continuous actions need a float Box \(integer actions: "
+                                          r"Discrete or MultiDiscrete\)$"):
+        PPOTrainer(ppo_config("space_envs:NarrowF64Action-v0", 64, kwargs={"integers": True}))
+
+
+def test_an_exported_box_policy_evaluates_on_a_float64_space(tmp_path):
+    """The MindIR graph's float32 actions went to the env as they were: float32(0.1) is outside Box(-0.1, 0.1)
+    of float64. The sidecar records the space's dtype; ``MindIRPolicy.env_actions`` casts and clips in it."""
+    from scalebox_ms.export import export_mindir
+    from scalebox_ms.mindir_policy import MindIRPolicy, evaluate_mindir
+    from scalebox_ms.trainers import PPOTrainer
+
+    t = PPOTrainer(ppo_config("space_envs:NarrowF64Action-v0", 256))
+    try:
+        t.learn(until=256)
+        sidecar = export_mindir(t, str(tmp_path / "p.mindir"))
+    finally:
+        t.close()
+    assert sidecar["action_space"]["dtype"] == "float64"
+    a = MindIRPolicy(str(tmp_path / "p.mindir")).env_actions(np.full((3, 1), 0.5, np.float32))
+    assert a.dtype == np.float64 and np.all(a == 0.1)
+    assert len(evaluate_mindir(str(tmp_path / "p.mindir"), episodes=2)) == 2  # (the env asserts each action)

@@ -215,6 +215,9 @@ def space_spec(obs_space, act_space, env_id: str = "env", features: str = "auto"
     if isinstance(act_space, spaces.Box):
         if len(act_space.shape) != 1:
             raise ConfigError(f"{where} a Box action space of shape {act_space.shape}; only 1-D is supported")
+        if not np.issubdtype(act_space.dtype, np.floating):  # (the policy's float actions would be off-space)
+            raise ConfigError(f"{where} a Box action space of {act_space.dtype} values; continuous actions need a "
+                              "float Box (integer actions: Discrete or MultiDiscrete)")
         if not (np.all(np.isfinite(act_space.low)) and np.all(np.isfinite(act_space.high))):
             raise ConfigError(f"{where} an unbounded Box action space; bounds are required")
         return SpaceSpec_(obs_dim=obs_dim, discrete=False, action_dim=int(act_space.shape[0]),

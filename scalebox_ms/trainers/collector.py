@@ -54,9 +54,9 @@ class RolloutCollector:
         #: gymnasium observations -> flat float32 vectors (one-hot Discrete parts, Dict/Tuple side by side), or
         #: uint8 (C, H, W) images
         self.encoder = ObsEncoder(self.env.single_observation_space, e.id, features)
-        if self.spec.action_kind == "box":  # Box bounds for clipping the sampled actions, once
-            self._low = np.asarray(self.spec.low, np.float32)
-            self._high = np.asarray(self.spec.high, np.float32)
+        if self.spec.action_kind == "box":  # the Box's dtype and bounds, for the actions the env gets
+            space = self.env.single_action_space
+            self._box = (space.dtype, np.asarray(space.low), np.asarray(space.high))
         # images are never normalised (the CNN scales them by 1/255)
         self.obs_normalizer = (ObsNormalizer(self.spec.obs_dim, e.clip_obs, mask=self.encoder.normalize_mask)
                                if e.normalize_obs and not self.spec.image else None)
@@ -127,7 +127,13 @@ class RolloutCollector:
             return actions.astype(np.int64) + np.asarray(self.spec.action_start, np.int64)
         if kind == "multibinary":
             return actions.astype(np.int8)
-        return np.clip(actions, self._low, self._high)
+        return self.box_to_env(actions)
+
+    def box_to_env(self, actions: np.ndarray) -> np.ndarray:
+        """Box actions as the env's space has them: its dtype, clipped to its bounds in that dtype (float32
+        actions clipped to float32(0.1) were above a float64 space's bound 0.1)."""
+        dtype, low, high = self._box
+        return np.clip(np.asarray(actions).astype(dtype), low, high)
 
     def unpack_actions(self, packed: np.ndarray) -> np.ndarray:
         """The action columns of a packed ``[action | log_prob | value]`` acting output, in the storage dtype."""

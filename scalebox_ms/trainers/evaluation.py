@@ -113,6 +113,12 @@ def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndar
                     raise EvaluationError(
                         f"evaluation of {env_id!r}: {seen} env worker restarts, more than the {limit} allowed "
                         f"({len(result)} of {episodes} episodes done); last: {last['kind']}: {last['detail']}", result)
+            reward = np.asarray(reward, np.float64)
+            if not np.isfinite(reward[valid]).all():  # (the mean would be NaN: not even valid JSON)
+                i = int(np.flatnonzero(valid & ~np.isfinite(reward))[0])
+                raise EvaluationError(f"evaluation of {env_id!r}: the env returned a non-finite reward "
+                                      f"({reward[i]}) at env index {i} ({len(result)} of {episodes} episodes "
+                                      "done)", result)
             ep_return += np.where(valid, reward, 0.0)
             done = (np.asarray(terminated) | np.asarray(truncated)) & valid
             for i in np.flatnonzero(done):

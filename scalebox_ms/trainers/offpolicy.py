@@ -147,7 +147,7 @@ class OffPolicyTrainer(Trainer):
 
     def _to_env(self, scaled: np.ndarray) -> np.ndarray:
         """[-1, 1] -> the Box bounds (SB3's unscale_action)."""
-        return (self._low + 0.5 * (scaled.astype(np.float64) + 1.0) * (self._high - self._low)).astype(np.float32)
+        return self.collector.box_to_env(self._low + 0.5 * (scaled.astype(np.float64) + 1.0) * (self._high - self._low))
 
     def _noisy(self, scaled: np.ndarray, rng) -> np.ndarray:
         sigma = self.config.algo_config.action_noise
