@@ -73,6 +73,16 @@ class FaultyCartPole(CartPoleEnv):
         return super().step(action)
 
 
+class LockInfoCartPole(CartPoleEnv):
+    """A legal env whose step info holds a value that cannot be pickled (a lock), beside a plain one."""
+
+    def step(self, action):
+        import threading
+
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated, truncated, {**info, "lock": threading.Lock(), "plain": 7}
+
+
 for name, fault in [("Crashing", "crash"), ("Hanging", "hang"), ("MemoryHog", "memory"), ("Raising", "raise"),
                     ("Marking", "mark"), ("WrongShape", "shape")]:
     gym.register(f"{name}CartPole-v0", entry_point=FaultyCartPole, kwargs={"fault": fault, "at": 5},
@@ -80,3 +90,4 @@ for name, fault in [("Crashing", "crash"), ("Hanging", "hang"), ("MemoryHog", "m
 gym.register("ResetCrashingCartPole-v0", entry_point=ResetCrashingCartPole, max_episode_steps=500)
 gym.register("ResetAndCloseRaisingCartPole-v0", entry_point=ResetAndCloseRaisingCartPole, max_episode_steps=500)
 gym.register("ResetHangingCartPole-v0", entry_point=ResetHangingCartPole, max_episode_steps=500)
+gym.register("LockInfoCartPole-v0", entry_point=LockInfoCartPole, max_episode_steps=500)

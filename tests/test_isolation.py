@@ -281,6 +281,37 @@ def test_env_that_cannot_reset_stops_with_a_clear_error():
         env.close()
 
 
+def test_an_env_whose_every_step_fails_stops_with_a_clear_error():
+    """Its workers were restarted forever: a run "completed" with 0 episodes, having learned nothing."""
+    from faulty_envs import FaultyCartPole  # noqa: F401  (registers the ids in this process too)
+
+    env = IsolatedVectorEnv("faulty_envs:RaisingCartPole-v0", 2, {"at": 1})
+    try:
+        env.reset(seed=0)
+        with pytest.raises(ScaleboxError, match=r"^env 'faulty_envs:RaisingCartPole-v0': sub-env\(s\) \[0, 1\] "
+                                                r"failed to step 3 times in fresh workers \(crash: ValueError: env bug"):
+            for _ in range(10):  # (a failed step, then the fresh worker's reset step, then its first step again)
+                env.step(np.zeros(2, np.int64))
+        assert len(env.events) == 6
+    finally:
+        env.close()
+
+
+def test_info_values_a_worker_cannot_pickle_are_left_out():
+    """Every step failed to reach the parent (TypeError: cannot pickle '_thread.lock' object): 8 steps/s of
+    restarts."""
+    from faulty_envs import FaultyCartPole  # noqa: F401
+
+    env = IsolatedVectorEnv("faulty_envs:LockInfoCartPole-v0", 2)
+    try:
+        env.reset(seed=0)
+        for _ in range(3):
+            _, _, _, _, info = env.step(np.zeros(2, np.int64))
+        assert env.events == [] and "lock" not in info and list(info["plain"]) == [7, 7]
+    finally:
+        env.close()
+
+
 def test_a_hanging_reset_gets_step_timeout_not_the_start_timeout():
     """A reset that hangs used to be waited for 60 s (the worker start's timeout) per attempt, whatever
     sandbox.step_timeout said: 3 minutes per env before the one-line error. A fresh worker gets the start timeout

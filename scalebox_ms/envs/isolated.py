@@ -16,8 +16,9 @@ gymnasium 1.x's vector API with ``AutoresetMode.NEXT_STEP`` semantics, like the 
   ``events`` (``{"env": i, "kind": "crash"|"timeout"|"memory", "detail": ...}``).
 
 The parent process never runs env code, so a segfaulting or hanging env step cannot take the training run
-down. A sub-env that fails to *reset* in ``MAX_RESET_ATTEMPTS`` fresh workers in a row is broken rather than
-flaky: after collecting every other worker's reply, ``step``/``reset`` raise a one-line ``ScaleboxError``.
+down. A sub-env that fails to *reset* in ``MAX_RESET_ATTEMPTS`` fresh workers in a row, or fails that many *steps*
+in a row (each in a fresh worker), is broken rather than flaky: after collecting every other worker's reply,
+``step``/``reset`` raise a one-line ``ScaleboxError``. Info values a worker cannot pickle are left out.
 Workers import only gymnasium and this module (no MindSpore), ~60-100 MB each.
 """
 from __future__ import annotations
@@ -58,9 +59,9 @@ def _worker(conn, env_id: str, kwargs: dict, memory_limit: Optional[int], wrap=(
         while True:
             cmd, arg = conn.recv()
             if cmd == "reset":
-                conn.send(("ok", env.reset(seed=arg)))
+                _send_result(conn, env.reset(seed=arg))
             elif cmd == "step":
-                conn.send(("ok", env.step(arg)))
+                _send_result(conn, env.step(arg))
             elif cmd == "spaces":
                 conn.send(("ok", (env.observation_space, env.action_space)))
             elif cmd == "close":
@@ -76,6 +77,28 @@ def _worker(conn, env_id: str, kwargs: dict, memory_limit: Optional[int], wrap=(
             conn.send(("error", f"{type(exc).__name__}: {exc}"[:300] + "\n" + traceback.format_exc(limit=3)[-600:]))
         except Exception:
             pass
+
+
+def _send_result(conn, result: tuple) -> None:
+    """A reset/step result to the parent; info values that cannot be pickled (a lock, a handle) are left out:
+    scalebox_ms reads only a few plain ones, and one such value failed every step."""
+    import pickle
+
+    try:
+        conn.send(("ok", result))  # (pickled in full before anything is sent)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        info = {k: v for k, v in result[-1].items() if _picklable(v)}
+        conn.send(("ok", result[:-1] + (info,)))
+
+
+def _picklable(value) -> bool:
+    import pickle
+
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:
+        return False
 
 
 class WorkerFailure(Exception):
@@ -145,6 +168,7 @@ class IsolatedVectorEnv:
         self.action_space = batch_space(act_space, self.num_envs)
         self._last_obs = [None] * self.num_envs
         self._needs_reset = np.zeros(self.num_envs, bool)
+        self._failed_steps = np.zeros(self.num_envs, int)  # failed steps in a row (each in a fresh worker)
         self._reseed = np.random.default_rng(0)  # seeds of autoresets; re-derived from reset(seed)
 
     def _start(self) -> _Worker:
@@ -158,7 +182,13 @@ class IsolatedVectorEnv:
         self._workers[i] = self._start()
         self._needs_reset[i] = True
 
-    MAX_RESET_ATTEMPTS = 3
+    MAX_RESET_ATTEMPTS = 3  # (and failed steps in a row, each in a fresh worker)
+
+    def _step_failed(self, i: int, failure: "WorkerFailure", failing: List[int]) -> None:
+        self._replace(i, failure)
+        self._failed_steps[i] += 1
+        if self._failed_steps[i] >= self.MAX_RESET_ATTEMPTS:
+            failing.append(i)
 
     def _reset_worker(self, i: int, seed, infos: Optional[dict] = None):
         """Reset sub-env i, replacing its worker up to MAX_RESET_ATTEMPTS times; None if it never succeeds. The
@@ -174,10 +204,10 @@ class IsolatedVectorEnv:
                 self._replace(i, failure)
         return None
 
-    def _give_up(self, broken: List[int]) -> None:
+    def _give_up(self, broken: List[int], what: str = "reset") -> None:
         from ..errors import ScaleboxError
 
-        raise ScaleboxError(f"env {self.env_id!r}: sub-env(s) {broken} failed to reset {self.MAX_RESET_ATTEMPTS} "
+        raise ScaleboxError(f"env {self.env_id!r}: sub-env(s) {broken} failed to {what} {self.MAX_RESET_ATTEMPTS} "
                             f"times in fresh workers ({self.events[-1]['kind']}: {self.events[-1]['detail']})")
 
     def reset(self, seed=None, options=None):
@@ -207,7 +237,7 @@ class IsolatedVectorEnv:
                     w.parent.send(("step", actions[i]))
                 except (BrokenPipeError, OSError):
                     pass  # noticed when collecting
-        broken = []
+        broken, failing = [], []
         restarted = np.zeros(n, bool)
         infos: dict = {}  # the sub-envs' infos, batched as gymnasium's vector envs do ("key" + "_key" mask)
         for i, w in enumerate(self._workers):
@@ -229,13 +259,14 @@ class IsolatedVectorEnv:
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
                 w.proc.join(timeout=1)
                 failure = WorkerFailure("crash", f"worker process died (exit code {w.proc.exitcode})")
-                self._replace(i, failure)
+                self._step_failed(i, failure, failing)
                 obs[i], truncated[i], restarted[i] = self._last_obs[i], True, True
                 continue
             except WorkerFailure as failure:
-                self._replace(i, failure)
+                self._step_failed(i, failure, failing)
                 obs[i], truncated[i], restarted[i] = self._last_obs[i], True, True
                 continue
+            self._failed_steps[i] = 0
             o, r, term, trunc, info = payload
             if info:
                 self._add_info(infos, info, i)
@@ -245,6 +276,8 @@ class IsolatedVectorEnv:
                 self._needs_reset[i] = True
         if broken:
             self._give_up(broken)
+        if failing:  # (an env whose step always fails: restarting it forever trained on nothing, silently)
+            self._give_up(failing, "step")
         self.restarted = restarted  # (no transition happened: the trainers keep this step out of what they learn from)
         return self._stack(obs), rewards, terminated, truncated, infos
 
