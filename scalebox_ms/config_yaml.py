@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import re
 import typing
 from typing import Any, Dict, List
 
@@ -62,6 +63,13 @@ class _ConfigLoader(yaml.SafeLoader):
         node = super().compose_document()
         _Walk(self.source, self.name_lines).size(node, "", 0)
         return node
+
+
+# YAML 1.2's floats that YAML 1.1 (PyYAML) reads as strings: 1e-3, 1e5, 1.0e5 (no dot, or no exponent sign);
+# env.kwargs reach the env as read, so `--set env.kwargs.g=1e1` gave the env the string '1e1' ("1e1" quoted stays one)
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+                                    list("-+0123456789."))
 
 
 class _Walk:

@@ -29,14 +29,26 @@ def test_yaml_maps_onto_dataclasses(tmp_path):
 
 def test_integer_written_as_float_is_accepted():
     assert Config.from_dict({"run": {"total_steps": 1e5}}).run.total_steps == 100000
-    # YAML 1.1 reads 1e5 (no dot) as the string "1e5": accepted like float keys accept "1e-3"
+    # YAML 1.1 reads 1e5 (no dot) as the string "1e5": read as YAML 1.2's number
     assert Config().with_overrides(["run.total_steps=1e5"]).run.total_steps == 100000
     with pytest.raises(ConfigError, match=r"run\.total_steps: expected an integer"):
         Config().with_overrides(["run.total_steps=1.5e0"])
-    with pytest.raises(ConfigError, match=r"run\.total_steps: '1e18' is a float beyond 2\*\*53.*in digits"):
+    with pytest.raises(ConfigError, match=r"run\.total_steps: 1e\+18 is a float beyond 2\*\*53.*in digits"):
         Config().with_overrides(["run.total_steps=1e18"])
-    with pytest.raises(ConfigError, match=r"run\.total_steps: expected a 64-bit integer, got '1e20'"):
+    with pytest.raises(ConfigError, match=r"run\.total_steps: expected a 64-bit integer, got 1e\+20"):
         Config().with_overrides(["run.total_steps=1e20"])
+
+
+def test_exponent_numbers_reach_env_kwargs_as_numbers(tmp_path):
+    """YAML 1.1 reads 1e-3, 1e5 and 1.0e5 as strings; typed keys converted them, env.kwargs passed the string on:
+    `--set env.kwargs.g=1e1` gave Pendulum the string '1e1' (a TypeError at its first step)."""
+    cfg = Config().with_overrides(["env.kwargs.g=1e1", "env.kwargs.tol=-2.5E-3", "env.kwargs.name='1e5'",
+                                   "env.kwargs.width=1.0e2"])
+    assert cfg.env.kwargs == {"g": 10.0, "tol": -0.0025, "name": "1e5", "width": 100.0}
+    path = tmp_path / "c.yaml"
+    path.write_text("env:\n  kwargs: {g: 1e1, label: \"1e1\"}\nppo:\n  learning_rate: 1e-3\n")
+    cfg = load_config(str(path))
+    assert cfg.env.kwargs == {"g": 10.0, "label": "1e1"} and cfg.ppo.learning_rate == 1e-3
 
 
 @pytest.mark.parametrize("data, culprit", [
