@@ -720,3 +720,21 @@ def test_an_exported_box_policy_evaluates_on_a_float64_space(tmp_path):
     a = MindIRPolicy(str(tmp_path / "p.mindir")).env_actions(np.full((3, 1), 0.5, np.float32))
     assert a.dtype == np.float64 and np.all(a == 0.1)
     assert len(evaluate_mindir(str(tmp_path / "p.mindir"), episodes=2)) == 2  # (the env asserts each action)
+
+
+def test_ppo_warns_of_box_bounds_that_exclude_zero(caplog):
+    """PPO's Gaussian starts at mean 0: with bounds [10, 12] every action was clipped to 10 and nothing was learned,
+    without a word (SB3's env checker warns)."""
+    import logging
+
+    from gymnasium.wrappers import RescaleAction
+
+    from scalebox_ms.trainers import PPOTrainer
+
+    if "OffsetActionPendulum-v0" not in gym.registry:
+        gym.register("OffsetActionPendulum-v0", lambda **kw: RescaleAction(gym.make("Pendulum-v1", **kw), 10.0, 12.0))
+    for env_id, warned in (("OffsetActionPendulum-v0", True), ("Pendulum-v1", False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+            PPOTrainer(ppo_config(env_id, 256, num_envs=4)).close()
+        assert ("Box action bounds [10.0]..[12.0] exclude 0: PPO's Gaussian starts at mean 0" in caplog.text) == warned

@@ -97,6 +97,10 @@ class PPOTrainer(Trainer):
         self._make_collector(n_local, rank=self.dist.rank, reducer=reducer)
         if self.spec.cnn and (self.amp is not None or W > 1):
             raise images_in_one_process("amp.level" if self.amp is not None else "parallel.workers")
+        if self.spec.action_kind == "box" and any(lo > 0 or hi < 0 for lo, hi in zip(self.spec.low, self.spec.high)):
+            self.log.warning(f"warning: {e.id!r}'s Box action bounds {list(self.spec.low)}..{list(self.spec.high)} "
+                             "exclude 0: PPO's Gaussian starts at mean 0, clipped to a bound, and may not learn "
+                             "(rescale the actions to [-1, 1]: gymnasium.wrappers.RescaleAction)")
         width = self.spec.action_width
         check_fits("ppo.n_steps", f"a rollout of ppo.n_steps x env.num_envs = {p.n_steps} x {n_local} samples",
                    rollout_bytes(p.n_steps * n_local, self.spec.obs_dim, width, image=self.spec.image),
