@@ -32,6 +32,7 @@ import statistics
 import time
 
 from scalebox_ms.fileio import atomic_write_json
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = {"cartpole": (8, 64, 256, 1024, 4096),  # 4096: where the single-threaded kernel's arithmetic shows
@@ -99,8 +100,8 @@ def time_calls(step, inputs, calls: int) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=300, help="timed calls per variant per round")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=at_least(1), default=300, help="timed calls per variant per round")
+    ap.add_argument("--rounds", type=at_least(1), default=5)
     ap.add_argument("--threads", type=int, default=0, help="MindSpore CPU threads (0: its default)")
     ap.add_argument("--model", choices=sorted(BATCHES), default="cartpole")
     ap.add_argument("--out", default=None, help="default benchmarks/results/acting_kernels[_<model>].json")

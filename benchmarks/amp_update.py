@@ -18,6 +18,7 @@ import statistics
 import time
 
 from scalebox_ms.fileio import atomic_write_json
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LEVELS = ("O0", "O1", "O2", "O3")
@@ -60,8 +61,8 @@ def build(level: str, batch: int):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=at_least(1), default=100)
+    ap.add_argument("--rounds", type=at_least(1), default=5)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "amp_update.json"))
     args = ap.parse_args(argv)
     from scalebox_ms import Sandbox

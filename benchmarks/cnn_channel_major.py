@@ -32,6 +32,7 @@ import time
 
 import mindspore as ms  # (module level: graph code cannot import)
 from mindspore import ops
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -144,9 +145,9 @@ def ppo_rounds(rounds: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--ppo", type=int, default=0, help="rounds of the PPO Breakout comparison (0: none)")
+    ap.add_argument("--rounds", type=at_least(1), default=3)
+    ap.add_argument("--batch", type=at_least(1), default=256)
+    ap.add_argument("--ppo", type=at_least(0), default=0, help="rounds of the PPO Breakout comparison (0: none)")
     ap.add_argument("--ppo-run", nargs=2, metavar=("VARIANT", "RUN_DIR"), help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

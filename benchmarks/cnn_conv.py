@@ -22,6 +22,7 @@ import statistics
 import time
 
 from mindspore import ops  # (module level: graph code cannot import)
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -86,7 +87,7 @@ def variants(run):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=at_least(1), default=256)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cnn_conv.json"))
     args = ap.parse_args()
 

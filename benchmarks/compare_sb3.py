@@ -24,6 +24,7 @@ import time
 
 from scalebox_ms.fileio import atomic_write_json  # noqa: E402
 from scalebox_ms.sandbox import peak_rss_bytes  # noqa: E402
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -85,8 +86,8 @@ def run_worker(lib: str, seed: int, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--seeds", type=at_least(0), nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=at_least(1), default=100_000)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "compare_sb3.json"))
     ap.add_argument("--worker", choices=["scalebox_ms", "sb3"], help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)

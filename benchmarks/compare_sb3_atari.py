@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from bench_args import at_least, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -144,7 +145,7 @@ def plot(payload: dict, path: str, unit: str = "game") -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="ALE/Breakout-v5")
-    ap.add_argument("--steps", type=int, default=300_000)
+    ap.add_argument("--steps", type=at_least(1), default=300_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--libs", nargs="+", default=["scalebox_ms", "sb3"], choices=["scalebox_ms", "sb3"])
     ap.add_argument("--out", default=os.path.join(HERE, "results", "compare_sb3_atari.json"))
@@ -154,7 +155,7 @@ def main() -> None:
     ap.add_argument("--worker", choices=["scalebox_ms", "sb3"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plot_only:
-        with open(args.out) as f:
+        with open(results_to_plot(ap, args.out)) as f:
             plot(json.load(f), args.plot)
         return
 

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from bench_args import at_least, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -88,9 +89,9 @@ def worker_sb3(env_id: str, seed: int, steps: int, episodes: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="HalfCheetah-v5", choices=sorted(PRESETS))
-    ap.add_argument("--steps", type=int, default=1_000_000)
+    ap.add_argument("--steps", type=at_least(1), default=1_000_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--eval-episodes", type=at_least(1), default=10)
     ap.add_argument("--libs", nargs="+", default=["scalebox_ms", "sb3"], choices=["scalebox_ms", "sb3"])
     ap.add_argument("--out", default=None, help="default benchmarks/results/compare_sb3_mujoco_<env>.json")
     ap.add_argument("--plot", default=None, help="default docs/img/mujoco_ppo_<env>.png")
@@ -103,7 +104,7 @@ def main() -> None:
     from compare_sb3_atari import plot  # the same two-panel learning-curve figure
 
     if args.plot_only:
-        with open(out) as f:
+        with open(results_to_plot(ap, out)) as f:
             plot(json.load(f), fig, "episode")
         return
     if args.worker:

@@ -17,6 +17,7 @@ import statistics
 import time
 
 from mindspore import ops  # (module level: graph code cannot import)
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAYERS = [(32, 256, 400), (64, 512, 81), (64, 576, 49)]  # (out, C*k*k, oh*ow) of NatureCNN's three layers
@@ -34,7 +35,7 @@ def median_ms(fn, *args, n=20):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=at_least(1), default=256)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "conv_weight_copy.json"))
     args = ap.parse_args()
 

@@ -28,6 +28,7 @@ import sys
 import time
 
 import numpy as np
+from bench_args import above  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -60,7 +61,7 @@ def env_steps_per_s(env_id: str, backend: str, num_envs: int, seconds: float) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=2.0, help="timed stepping per configuration")
+    ap.add_argument("--seconds", type=above(0), default=2.0, help="timed stepping per configuration")
     ap.add_argument("--iterations", type=int, default=4, help="PPO iterations per configuration")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "env_throughput.json"))
     ap.add_argument("--envs", nargs="+", choices=[c[0] for c in CASES], help="only these envs' rows")

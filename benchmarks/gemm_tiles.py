@@ -17,14 +17,15 @@ import platform
 import subprocess
 import tempfile
 import time
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tiles", type=int, nargs="+", default=[4, 6, 8])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tiles", type=at_least(1), nargs="+", default=[4, 6, 8])
+    ap.add_argument("--rounds", type=at_least(1), default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "gemm_tiles.json"))
     args = ap.parse_args()
     from scalebox_ms.fileio import atomic_write_json

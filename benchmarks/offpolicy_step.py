@@ -97,6 +97,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.calls < 3:  # (the first two calls compile and warm up: the median is over the others)
         ap.error("--calls: must be >= 3")
+    if args.graph_kernel:
+        import importlib.util
+
+        if importlib.util.find_spec("decorator") is None:  # (MindSpore's fused-kernel build imports it)
+            ap.error("--graph-kernel: MindSpore's graph-kernel fusion needs the package decorator, which MindSpore "
+                     "2.10 does not install: pip install decorator")
     if args.worker:
         task, kernel, batched, fusion = args.worker
         print(json.dumps(worker(task, kernel, batched == "1", args.calls, args.collect, fusion == "1")))

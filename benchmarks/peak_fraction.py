@@ -20,6 +20,7 @@ import sys
 import time
 
 import numpy as np
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -80,7 +81,7 @@ def flops_per_env_step(n_epochs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peak-size", type=int, default=4096)
+    ap.add_argument("--peak-size", type=at_least(1), default=4096)
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--act-kernel", choices=("builtin", "custom"), default="builtin",
                     help="the acting call inside the compiled rollout: MindSpore ops or the fused C++ kernel")

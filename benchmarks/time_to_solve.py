@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from bench_args import at_least, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -210,8 +211,8 @@ def plot(payload: dict, path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=list(TASKS))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--episodes", type=int, default=10)
+    ap.add_argument("--seeds", nargs="+", type=at_least(0), default=[0, 1, 2])
+    ap.add_argument("--episodes", type=at_least(1), default=10)
     ap.add_argument("--libs", nargs="+", default=["scalebox_ms", "sb3"], choices=["scalebox_ms", "sb3"])
     ap.add_argument("--out", default=os.path.join(HERE, "results", "time_to_solve.json"))
     ap.add_argument("--plot", default=os.path.join(REPO, "docs", "img", "time_to_solve.png"))
@@ -219,7 +220,7 @@ def main() -> None:
     ap.add_argument("--worker", nargs=5, metavar=("LIB", "TASK", "PRESET", "SEED", "LAUNCHED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plot_only:
-        with open(args.out) as f:
+        with open(results_to_plot(ap, args.out)) as f:
             plot(json.load(f), args.plot)
         return
     if args.worker:

@@ -33,6 +33,7 @@ import time
 
 from scalebox_ms.fileio import atomic_write_json
 from acting_kernels import time_calls  # same timing loop (benchmarks/ is the script directory)
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCHES = (64, 256, 1024, 4096, 16384)
@@ -186,8 +187,8 @@ def time_updates(fn, perms, updates: int) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=200, help="timed calls per variant per round")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=at_least(1), default=200, help="timed calls per variant per round")
+    ap.add_argument("--rounds", type=at_least(1), default=5)
     ap.add_argument("--threads", type=int, default=0, help="MindSpore CPU threads (0: its default)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "update_kernel.json"))
     args = ap.parse_args()

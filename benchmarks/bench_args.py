@@ -1,0 +1,40 @@
+"""argparse types the benchmark scripts share: a value out of range is argparse's own one-line error (exit 2),
+not a traceback (a median of no calls, a division by a zero size) or a results file of empty rows."""
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def at_least(low, kind=int):
+    """A number (``kind``) >= ``low``."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if not value >= low:  # (also NaN)
+            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
+        return value
+    return parse
+
+
+def above(low: float):
+    """A float > ``low``."""
+    def parse(text: str):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value > low:
+            raise argparse.ArgumentTypeError(f"must be > {low:g}, got {text}")
+        return value
+    return parse
+
+
+def results_to_plot(ap: argparse.ArgumentParser, path: str) -> str:
+    """``--plot-only``'s results file, which must exist."""
+    if not os.path.isfile(path):
+        ap.error(f"--plot-only: no results file {path} (give the run's --out)")
+    return path
