@@ -93,6 +93,10 @@ def worker_scalebox(task: dict, preset: str, seed: int, episodes: int, launched:
     setup_s = time.time() - launched
     evals = EvalCallback(task["eval_every"], _episodes(task, episodes), task["threshold"], seed=10_000 + seed)
     trainer.learn(callbacks=[evals])
+    last = evals.history[-1] if evals.history else None
+    if (last is None or last["mean"] < task["threshold"]) and (last is None or last["step"] != trainer.global_step):
+        evals._next = 0  # the last iteration's evaluation, as SB3's worker has its last update's (below)
+        evals.on_iteration_end(trainer, {})
     curve = [(h["step"], setup_s + h["train_s"], h["mean"]) for h in evals.history]
     return _result(curve, setup_s, evals.eval_s, task["threshold"], trainer.global_step)
 
@@ -144,7 +148,7 @@ def worker_sb3(task: dict, preset: str, seed: int, episodes: int, launched: floa
 
     cb = Evaluate()
     model.learn(total_timesteps=cfg.run.total_steps, callback=cb)
-    if not cb.solved:  # the last update's evaluation, as our trainer does at its last iteration end
+    if not cb.solved:  # the last update's evaluation, as worker_scalebox has its last iteration's
         cb.next_at = 0
         cb._on_rollout_start()
     res = _result(curve, setup_s, spent[0], task["threshold"], int(model.num_timesteps))
