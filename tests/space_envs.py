@@ -13,6 +13,7 @@
 * ``ScalarObs-v0`` -- a scalar Box observation (shape ``()``), two actions.
 * ``NarrowF64Action-v0`` -- Box(-0.1, 0.1) float64 actions the env checks are in its space (``integers=True``: an
   int64 Box).
+* ``VaryingInfo-v0`` -- a step info array of another shape per sub-env (gymnasium cannot batch it).
 * ``InfoSteps-v0`` -- Box(1,) observation, two actions, 3 steps per episode; ``info`` holds the step count, the
   last step adds ``ended`` (for the vector envs' info batching).
 """
@@ -154,6 +155,21 @@ class NarrowF64Action(_Steps):
         return -abs(float(action[0]) - 0.1 * float(self.state))
 
 
+class VaryingInfo(gym.Env):
+    """A step info whose array has another shape in each sub-env (1 + reset seed % 2): gymnasium's vector env
+    cannot batch it."""
+    observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.k = 1 + (seed or 0) % 2
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, False, False, {"contacts": np.zeros(self.k)}
+
+
 class InfoSteps(gym.Env):
     observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
     action_space = spaces.Discrete(2)
@@ -172,6 +188,6 @@ class InfoSteps(gym.Env):
 for _name, _cls in (("DictMatch-v0", DictMatch), ("MultiDiscreteMatch-v0", MultiDiscreteMatch),
                     ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs), ("InfoSteps-v0", InfoSteps),
                     ("OffSpaceObs-v0", OffSpaceObs), ("ScalarObs-v0", ScalarObs), ("IntKeysObs-v0", IntKeysObs),
-                    ("NarrowF64Action-v0", NarrowF64Action)):
+                    ("NarrowF64Action-v0", NarrowF64Action), ("VaryingInfo-v0", VaryingInfo)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=f"{__name__}:{_cls.__name__}")

@@ -738,3 +738,14 @@ def test_ppo_warns_of_box_bounds_that_exclude_zero(caplog):
         with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
             PPOTrainer(ppo_config(env_id, 256, num_envs=4)).close()
         assert ("Box action bounds [10.0]..[12.0] exclude 0: PPO's Gaussian starts at mean 0" in caplog.text) == warned
+
+
+def test_an_info_gymnasium_cannot_batch_is_named_not_the_env_kwargs():
+    """The error read "env.id: ... with env.kwargs={} fails its first step (ValueError: could not broadcast ...)":
+    the env's kwargs were blamed for gymnasium's batching of its infos."""
+    from scalebox_ms.envs import make_vec_env
+
+    with pytest.raises(ConfigError, match=r"^env\.id: 'space_envs:VaryingInfo-v0': gymnasium's vector env cannot "
+                                          r"batch the info dict of its step \(ValueError: .*\); each info key needs "
+                                          r"one shape and type from step to step$"):
+        make_vec_env("space_envs:VaryingInfo-v0", 2, {})

@@ -181,9 +181,23 @@ def _probed(env, env_id: str, kwargs):
     except Exception as exc:
         close_env(env, env_id)
         what = "cannot reset" if call == "reset" else "fails its first step"
+        if _in_info_batching(exc):  # (not the env's code, nor its kwargs: gymnasium's batching of its infos)
+            raise ConfigError(f"env.id: {short_repr(env_id)}: gymnasium's vector env cannot batch the info dict of "
+                              f"its {call} ({type(exc).__name__}: {first_line(exc)}); each info key needs one shape "
+                              "and type from step to step") from None
         raise ConfigError(f"env.id: {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} {what} "
                           f"({type(exc).__name__}: {first_line(exc)})") from None
     return env
+
+
+def _in_info_batching(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside gymnasium's vector env batching a sub-env's info (``_add_info``)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_add_info" and "gymnasium" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def space_spec(obs_space, act_space, env_id: str = "env", features: str = "auto") -> SpaceSpec:
