@@ -461,3 +461,25 @@ def test_a_non_finite_reward_in_evaluation_is_an_evaluation_error():
         run_episodes("nan_envs:NaNRewardCartPole-v0", {"at": 3}, lambda obs: np.zeros(len(obs), np.int64), 2)
     assert len(run_episodes("nan_envs:NaNRewardCartPole-v0", {"at": 10**6},
                             lambda obs: np.zeros(len(obs), np.int64), 2)) == 2
+
+
+def test_the_step_an_env_error_names_counts_every_ranks_envs():
+    """Under data parallelism the collector counted its own envs only: rank 1 of 2 with 2 envs each named "step 2"
+    for a failure at the global step 4 (steps move in multiples of 4)."""
+    from scalebox_ms.buffers.rollout import RolloutStorage
+    from scalebox_ms.trainers.collector import RolloutCollector
+
+    cfg = small_config(env={"id": "nan_envs:NaNRewardCartPole-v0", "num_envs": 4, "kwargs": {"at": 4}},
+                       parallel={"workers": 2})
+    c = RolloutCollector(cfg, None, np.random.default_rng(0), 2, rank=1)
+    try:
+        c.reset(seed=0)
+        storage = RolloutStorage(4, 2, (4,), (), np.int32, np.float32)
+
+        def act(obs, noise):  # (a packed [action | log_prob | value] batch; the env's probe step was its first,
+            return np.zeros((len(obs), 3), np.float32)  # so its 4th is the rollout's third: t = 2)
+        act.host_call = True
+        with pytest.raises(TrainingError, match=r"returned a non-finite reward \(inf\) at env index 2, step 108;"):
+            c.collect(storage, act, 100)
+    finally:
+        c.close()

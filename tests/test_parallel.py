@@ -757,3 +757,21 @@ def test_a_rank_dying_in_mindspores_shutdown_after_the_run_ended_is_no_failure(t
     # the rank's Python stack at the crash is in its log (faulthandler)
     assert "Fatal Python error: Segmentation fault" in (run_dir / "msrun" / f"worker_{rank}.log").read_text()
     assert _processes_of(str(run_dir)) == []  # msrun's scheduler and the other rank are gone too
+
+
+def test_the_launchers_last_line_does_not_join_a_ranks_progress_bar(tmp_path, monkeypatch):
+    """A rank's progress bar ends in a carriage return, not a newline: the launcher's error line was printed on
+    the bar's line ("... 16.8]error: data-parallel job failed ...")."""
+    import io
+
+    from scalebox_ms.parallel import launcher
+
+    fake = tmp_path / "msrun"
+    fake.write_text("#!/bin/sh\nprintf '100%%|##########| 512/512 [00:03<00:00, 16.8]'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(launcher, "msrun_executable", lambda: str(fake))
+    stream = io.StringIO()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    launcher.launch(["--no-progress"], 2, str(run_dir), True, 30.0, stream=stream)
+    assert stream.getvalue().endswith("16.8]\n"), repr(stream.getvalue()[-80:])

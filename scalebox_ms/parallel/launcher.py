@@ -29,6 +29,7 @@ one-line error.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -353,6 +354,12 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     dead_pid = dead_code = None
     died: list = []  # (filled by the watcher thread)
     hung: list = []  # (rank, pid, seconds silent) of a job stopped as hung (filled by the watcher thread)
+    ended_open = [False]  # what was shown last does not end its line
+
+    def shown(lines) -> None:
+        for text in lines:
+            stream.write(text)
+            ended_open[0] = not text.endswith("\n") if text else ended_open[0]
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
                                 errors="replace", start_new_session=True, preexec_fn=_default_sigint)
@@ -363,11 +370,10 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
                 dead_pid = int(m.group(1))
                 dead_code = int(m.group(2)) if m.group(2) else None
                 # a worker that failed before the cluster formed (a check in the trainer's constructor): msrun would
-                # wait out its cluster_time_out for it (parallel.timeout); after a moment for its own clean-up,
-                # stop the job
+                # wait out its cluster_time_out for it (parallel.timeout); after a moment for its clean-up, stop it
                 threading.Thread(target=_stop_unless_ended, args=(proc, EXCEPTION_GRACE_S), daemon=True).start()
-            stream.writelines(console.shown(line))
-        stream.writelines(console.shown(None))
+            shown(console.shown(line))
+        shown(console.shown(None))
         rc = proc.wait()
     except BaseException:  # Ctrl-C, SIGTERM/SIGHUP (_terminated: exit 130 / 143 / 129), or a broken stderr pipe:
         if main:           # no job is left running without its launcher (a second signal must not cut it short)
@@ -378,6 +384,9 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
         raise
     finally:
         console.close()
+        if ended_open[0]:  # (a rank's progress bar ends in "\r": the launcher's own last line must not join it)
+            with contextlib.suppress(OSError, ValueError):  # (a closed or broken stderr)
+                stream.write("\n")
         if main:
             for s, handler in old.items():
                 signal.signal(s, handler)

@@ -35,6 +35,8 @@ class RolloutCollector:
         self.env_id = e.id
         self.num_envs = num_envs
         self.rank = rank
+        #: global env steps per vector step (every rank's envs: data parallelism), for the steps errors name
+        self.step_stride = num_envs * max(1, config.parallel.workers)
         self.rng = rng
         self.env = make_vec_env(e.id, num_envs, e.kwargs, isolation=getattr(sandbox, "isolation_level", "none"),
                                 step_timeout=getattr(sandbox, "step_timeout", 10.0),
@@ -226,10 +228,11 @@ class RolloutCollector:
             t1 = clock()
             action = self.unpack_actions(out)
             log_prob, value = out[:, -2], out[:, -1]
-            raw_obs, reward, terminated, truncated, info = self.step_env(self.env_actions(action), step + t * N)
+            raw_obs, reward, terminated, truncated, info = self.step_env(self.env_actions(action),
+                                                                         step + t * self.step_stride)
             t_env += clock() - t1
             t_act += t1 - t0
-            self._check_finite(raw_obs, reward, step + t * N)
+            self._check_finite(raw_obs, reward, step + t * self.step_stride)
             valid = self.valid
             reward = np.asarray(reward, np.float64)
             terminated = np.asarray(terminated, bool) & valid
@@ -313,8 +316,8 @@ class RolloutCollector:
         t_graph = time.perf_counter() - t0
         if not (np.isfinite(obs_raw).all() and np.isfinite(rewards).all()):  # find the first bad step
             for t in range(T):
-                self._check_finite(obs_raw[t], rewards[t], step + t * N)
-        self._check_finite(last_raw, None, step + T * N)
+                self._check_finite(obs_raw[t], rewards[t], step + t * self.step_stride)
+        self._check_finite(last_raw, None, step + T * self.step_stride)
         for t in range(T):
             storage.rewards[t] = self._account_step(rewards[t], terminated[t] | truncated[t], valid_all[t])
         storage.terminated[:] = terminated
