@@ -126,6 +126,18 @@ def _run(cmd: List[str], timeout: float = 60) -> Optional[str]:
     return out.stdout if out.returncode == 0 else None
 
 
+def msrun_check() -> Dict[str, str]:
+    """msrun, MindSpore's launcher, which ``train --workers`` (data parallelism) starts."""
+    from .errors import ConfigError
+    from .parallel import launcher
+
+    try:
+        return _check("msrun", "ok", f"{launcher.msrun_executable()} (train --workers)")
+    except ConfigError:
+        return _check("msrun", "warn", "not found next to the Python interpreter or on PATH: train --workers (data "
+                                       "parallelism) cannot start")
+
+
 def compiler_check() -> Dict[str, str]:
     """``cxx``: the C++ compiler the kernels build with (``$CXX``, else ``g++``). Without one, the presets' ``auto``
     kernels fall back to MindSpore's ops (logged at each run's start, easy to miss): a warning, not a failure."""
@@ -266,6 +278,7 @@ def diagnose() -> Dict:
                                           f"MS_DEV_HOST_BLOCKING_RUN={blocking}"))
     checks.append(blas_check(openblas_core(), cpu_flags()))
     checks.append(compiler_check())
+    checks.append(msrun_check())
     backends = available_backends()
     checks.append(_check("devices", "ok", "available backends: " + ", ".join(backends)))
     for name in backends:

@@ -123,3 +123,20 @@ def test_a_report_stdout_cannot_take_is_an_error_naming_stdout(monkeypatch, caps
         monkeypatch.setattr(sys, "stdout", full)
         assert doctor.main(["--json"]) == 2
     assert capsys.readouterr().err == "error: stdout: No space left on device: the result was not printed\n"
+
+
+def test_msrun_for_data_parallelism_is_checked(monkeypatch):
+    """doctor said "usable" without a word on train --workers, which needs MindSpore's msrun."""
+    from scalebox_ms import doctor
+    from scalebox_ms.errors import ConfigError
+    from scalebox_ms.parallel import launcher
+
+    found = doctor.msrun_check()
+    assert found["status"] == "ok" and found["detail"].endswith("msrun (train --workers)")
+
+    def missing():
+        raise ConfigError("parallel.workers: msrun was not found")
+
+    monkeypatch.setattr(launcher, "msrun_executable", missing)
+    assert doctor.msrun_check() == {"name": "msrun", "status": "warn", "detail": "not found next to the Python "
+                                    "interpreter or on PATH: train --workers (data parallelism) cannot start"}
