@@ -106,10 +106,8 @@ def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=No
     committing = False
     try:
         sidecar = _stage_checkpoint(prefix, tensors, sidecar, env_obj, replay, staged)
-        with errors_named(prefix + ".json"), staged_path(prefix + ".json") as tmp:
-            staged[".json"] = tmp
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json_text(sidecar))
+        with _staging(prefix, ".json", staged) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write(json_text(sidecar))
         # everything is on disk: from here on only renames and unlinks, which need no space
         if os.path.exists(prefix + ".json"):  # (the checkpoint at prefix is incomplete until the new sidecar lands)
             os.unlink(prefix + ".json")
@@ -133,6 +131,14 @@ def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=No
         if isinstance(exc, OSError):
             raise CheckpointError(f"cannot write checkpoint {prefix}: {exc.strerror or exc}") from None
         raise
+
+
+@contextlib.contextmanager
+def _staging(prefix: str, ext: str, staged: Dict[str, str]):
+    """A temporary file for ``prefix + ext``, recorded in ``staged`` (an error names the file it stands for)."""
+    with errors_named(prefix + ext), staged_path(prefix + ext) as tmp:
+        staged[ext] = tmp
+        yield tmp
 
 
 @contextlib.contextmanager
@@ -164,8 +170,7 @@ def _stage_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, 
     that describes them."""
     import mindspore as ms
 
-    with staged_path(prefix + ".ckpt") as tmp, _save_failure_unlogged():
-        staged[".ckpt"] = tmp
+    with _staging(prefix, ".ckpt", staged) as tmp, _save_failure_unlogged():
         ms.save_checkpoint(tensors, tmp)
     sidecar = dict(sidecar)
     sidecar["format"] = FORMAT
@@ -177,16 +182,13 @@ def _stage_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj, 
         except Exception as exc:  # e.g. MuJoCo handles: resume then re-seeds fresh episodes
             sidecar["env_state_error"] = f"{type(exc).__name__}: {exc}"[:200]
         else:
-            with errors_named(prefix + ".env.pkl"), staged_path(prefix + ".env.pkl") as tmp:
-                staged[".env.pkl"] = tmp
-                with open(tmp, "wb") as f:
-                    f.write(blob)
+            with _staging(prefix, ".env.pkl", staged) as tmp, open(tmp, "wb") as f:
+                f.write(blob)
             sidecar["env_state"] = {"file": os.path.basename(prefix) + ".env.pkl",
                                     "sha256": sha256_file(staged[".env.pkl"])}
     sidecar["replay_state"] = None
     if replay is not None:
-        with errors_named(prefix + ".replay.npz"), staged_path(prefix + ".replay.npz") as tmp:
-            staged[".replay.npz"] = tmp
+        with _staging(prefix, ".replay.npz", staged) as tmp:
             write_npz(tmp, replay)
         sidecar["replay_state"] = {"file": os.path.basename(prefix) + ".replay.npz",
                                    "sha256": sha256_file(staged[".replay.npz"]),
@@ -280,8 +282,9 @@ def load_into(trainer, checkpoint: Optional[str], run_dir: str, attempts: int = 
     raise AssertionError("unreachable")
 
 
-#: the file name of a run's checkpoint: ``ckpt_<global step>`` (:func:`checkpoint_prefix` pads it to 12 digits)
+#: a checkpoint name that orders by its number (``save("ckpt_7")``, or a run's own)
 CHECKPOINT_NAME = re.compile(r"ckpt_(\d+)")
+#: a run's own checkpoint name: ``ckpt_<global step>`` padded to 12 digits (:func:`checkpoint_prefix`)
 AUTO_NAME = re.compile(r"ckpt_(\d{12})")
 
 

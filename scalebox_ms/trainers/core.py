@@ -388,8 +388,8 @@ LIVE_KEYS = ("ppo.learning_rate", "ppo.lr_schedule", "ppo.clip_range", "ppo.clip
 
 
 def _callback_list(callbacks) -> list:
-    """``learn``'s callbacks: a Callback, or a list (any iterable) of them (None: none). Objects of a class of one's own need
-    the three hooks (a Callback subclass has them all)."""
+    """``learn``'s callbacks: a Callback, or a list (any iterable) of them (None: none). Objects of a class of one's
+    own need the three hooks (a Callback subclass has them all)."""
     if callbacks is None:
         return []
     single = hasattr(callbacks, "on_iteration_end") or not hasattr(callbacks, "__iter__")

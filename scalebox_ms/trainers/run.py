@@ -14,6 +14,7 @@ created, so a bad invocation leaves nothing behind.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -319,14 +320,11 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
             stopper.install()
         return _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, stopper)
     finally:  # (a signal while the envs close is held by the stopper: the run's files are final already)
-        try:
+        with contextlib.ExitStack() as after_close:  # (run last to first, whatever raises)
+            after_close.callback(stopper.restore, ignore=exiting)
+            if lock is not None:  # (a resume's lock: train_run's, released here before the signals go)
+                after_close.callback(lock.release)
             trainer.close()
-        finally:
-            try:
-                if lock is not None:  # (a resume's lock: train_run's, released here before the signals go)
-                    lock.release()
-            finally:
-                stopper.restore(ignore=exiting)
 
 
 def _solved_at_checkpoint(trainer, cfg) -> Optional[dict]:
