@@ -19,9 +19,11 @@ extend or shorten the run: the linear schedules follow the new horizon) and the 
 ``run.eval_every`` and ``run.stop_return`` a run stops once an evaluation while training reaches the bar
 (``"status": "solved"``).
 
-Ctrl-C (SIGINT) or SIGTERM stops at the end of the current iteration with a checkpoint and summary.json
-(``"status": "interrupted"``), exit code 130 or 143; a second one aborts at once. With ``--workers`` the launcher
-stops the whole msrun job at once instead (no summary; ``--resume`` continues from the latest checkpoint).
+Ctrl-C (SIGINT), SIGTERM or SIGHUP stops at the end of the current iteration with a checkpoint and summary.json
+(``"status": "interrupted"``), exit code 130, 143 or 129; a second one aborts at once. With ``--workers`` the
+launcher sends the signal on to the ranks, which stop together at the end of an iteration, the same way; while they
+still start up (before their step-0 checkpoint), or on a second signal, it stops the whole msrun job at once (no
+summary; ``--resume`` continues from the latest checkpoint; a fresh run that trained nothing leaves no directory).
 """
 from __future__ import annotations
 
@@ -60,9 +62,9 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    # a process of its own (python -m), not one of msrun's (msrun stops its workers itself; a data-parallel rank
-    # does not stop alone): route Ctrl-C before numpy/MindSpore start their threads
-    if argv is None and not os.environ.get("MS_ROLE"):
+    # (python -m; a --workers rank too: the launcher may send it Ctrl-C; msrun's scheduler is stopped by msrun)
+    # route Ctrl-C before numpy/MindSpore start their threads
+    if argv is None and os.environ.get("MS_ROLE") != "MS_SCHED":
         route_sigint_around_mindspore()
     try:
         import_held("numpy")  # (parallel.context's first import below)
@@ -128,16 +130,36 @@ def main(argv=None) -> int:
         summary = train_run(cfg, run_dir=args.run_dir, resume=args.resume, until=args.until,
                             progress=False if args.no_progress else None, profile=args.profile,
                             log=say, checkpoint=args.checkpoint, exiting=argv is None)
-        if summary is not None and not in_msrun():  # under msrun the launcher prints rank 0's summary
-            say_out(json.dumps(summary, indent=2))
-        if summary is not None and summary["status"] == "interrupted":
-            say(f"interrupted by {summary['interrupted_by']} at step {summary['global_step']} (checkpoint "
-                f"written); continue with --resume {summary['run_dir']}")
-            exit_code[0] = 128 + signal.Signals[summary["interrupted_by"]].value
+        if summary is not None and not in_msrun():  # (under msrun the launcher prints rank 0's summary, and a rank
+            say_out(json.dumps(summary, indent=2))  # a signal stopped exits 0: msrun would call the job failed)
+            exit_code[0] = _exit_code(summary)
 
     exit_code = [0]
     code = run_cli(go)
     return code or exit_code[0]
+
+
+def _exit_code(summary: dict) -> int:
+    """0, or 128 + signum for a run a signal stopped (with a line saying how to continue it)."""
+    if summary.get("status") != "interrupted":
+        return 0
+    say(f"interrupted by {summary['interrupted_by']} at step {summary['global_step']} (checkpoint written); "
+        f"continue with --resume {summary['run_dir']}")
+    return 128 + signal.Signals[summary["interrupted_by"]].value
+
+
+def _remove_if_untrained(run_dir: str, step_zero_too: bool) -> None:
+    """Remove a run directory this launch created when the job failed or was stopped before it trained: no
+    checkpoint, or with ``step_zero_too`` only step 0's (a rank refusing its config after rank 0 wrote ckpt_0; a
+    signal while the ranks started up); the same command then starts afresh (the directory would refuse it). A
+    crashed or hung job keeps its directory once it has a checkpoint: its error names the logs in it."""
+    import glob
+    import re
+    import shutil
+
+    steps = [re.search(r"ckpt_(\d+)\.json$", p) for p in glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.json"))]
+    if not steps or (step_zero_too and all(m is not None and int(m.group(1)) == 0 for m in steps)):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _refuse_images_before_msrun(cfg) -> None:
@@ -186,25 +208,29 @@ def _launch_workers(args, argv, cfg, workers: int):
         fresh, timeout, hang_timeout = True, cfg.parallel.timeout, cfg.parallel.hang_timeout
     created = not os.path.exists(run_dir)
     os.makedirs(run_dir, exist_ok=True)
-    with RunLock(run_dir):  # this process holds the run directory for its msrun ranks
-        if fresh and in_use(run_dir):
-            raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
-        os.environ[HELD_ENV] = run_dir
-        try:
-            # (prints its own one-line error)
-            code = launch(worker_args, workers, run_dir, fresh, timeout, hang_timeout=hang_timeout)
-        finally:
-            del os.environ[HELD_ENV]
+    try:
+        with RunLock(run_dir):  # this process holds the run directory for its msrun ranks
+            if fresh and in_use(run_dir):
+                raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue "
+                                  "it)")
+            os.environ[HELD_ENV] = run_dir
+            try:
+                # (prints its own one-line error)
+                code = launch(worker_args, workers, run_dir, timeout, hang_timeout=hang_timeout)
+            finally:
+                del os.environ[HELD_ENV]
+    except BaseException:  # (a signal while the ranks started up: the job was stopped at once)
+        if created:
+            _remove_if_untrained(run_dir, step_zero_too=True)
+        raise
     if code != 0:
-        import glob
-        import shutil
-
-        if created and not glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.json")):
-            shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run that never started: leave nothing behind
+        if created:  # (2: a rank's own one-line error, repeated by the launcher; 1: a crash, a hang)
+            _remove_if_untrained(run_dir, step_zero_too=code == 2)
         return code
     with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
-        say_out(json.dumps({**json.load(f), "run_dir": run_dir}, indent=2))
-    return 0
+        summary = {**json.load(f), "run_dir": run_dir}
+    say_out(json.dumps(summary, indent=2))
+    return _exit_code(summary)
 
 
 if __name__ == "__main__":

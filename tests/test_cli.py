@@ -306,7 +306,7 @@ def test_data_parallel_launch_holds_the_run_lock_for_its_ranks(tmp_path, monkeyp
 
     seen = {}
 
-    def fake_launch(worker_args, workers, run_dir, fresh, timeout, stream=None, hang_timeout=None):
+    def fake_launch(worker_args, workers, run_dir, timeout, stream=None, hang_timeout=None):
         seen["held_by_launcher"] = held_by_launcher(run_dir)
         seen["timeouts"] = (timeout, hang_timeout)
         with pytest.raises(ConfigError, match=f"pid {os.getpid()}"):

@@ -1,4 +1,5 @@
 """Data parallelism (msrun + MCCL on this CPU), gradient accumulation and the pipeline refusal."""
+import contextlib
 import json
 import glob
 import os
@@ -12,7 +13,7 @@ import time
 import mindspore as ms
 import numpy as np
 import pytest
-from conftest import REPO, run_module, small_config
+from conftest import REPO, as_from_a_terminal, run_module, small_config
 
 from scalebox_ms import Config
 from scalebox_ms.envs.normalize import RunningMeanStd, combine_moments
@@ -334,17 +335,18 @@ def test_a_data_parallel_checkpoint_loads_into_one_process_with_all_its_envs(dp_
         tr.close()
 
 
-def _start_job(tmp_path):
-    """A 2-worker run started as from a terminal, once it has written two metrics rows: (process, run_dir)."""
+def _start_job(tmp_path, *args, rows=2):
+    """A 2-worker run started as from a terminal, once it has written ``rows`` metrics rows: (process, run_dir)."""
     run_dir = str(tmp_path / "run")
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen([sys.executable, "-m", "scalebox_ms.train", "--workers", "2", "--total-steps", "10000000",
-                             "--run-dir", run_dir, *DP_ARGS], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             "--run-dir", run_dir, *DP_ARGS, *args], cwd=str(tmp_path), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_from_a_terminal)
     metrics = os.path.join(run_dir, "metrics.csv")
     deadline = time.time() + 240
-    while time.time() < deadline and not (os.path.exists(metrics) and len(_rows(metrics)) >= 2):
+    while time.time() < deadline and not (os.path.exists(metrics) and len(_rows(metrics)) >= rows):
         if proc.poll() is not None:
             pytest.fail(proc.communicate()[1][-2000:])
         time.sleep(0.5)
@@ -395,7 +397,7 @@ def test_a_job_is_stalled_only_when_every_live_rank_is_past_the_hang_timeout(tmp
     """The launcher's hang rule on marker files: ranks that exited (rank_<r>.exit) or are gone do not count; one
     rank that ended an iteration recently, or one still in its first iteration (no beat yet), means the job still
     moves."""
-    from scalebox_ms.parallel.launcher import stalled_workers
+    from scalebox_ms.parallel.ranks import stalled_workers
 
     sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
     try:
@@ -458,24 +460,92 @@ def test_a_hung_worker_stops_the_job_with_every_ranks_stack(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_sigterm_to_the_launcher_stops_the_whole_job_and_leaves_it_resumable(tmp_path, signum):
-    """SIGTERM (a job scheduler, `kill`) or SIGHUP (the terminal closed) used to kill the launcher alone, leaving
-    msrun and its ranks training with the run's lock released; now it stops them as Ctrl-C does and exits
-    128 + signum."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_the_launcher_stops_the_ranks_together_with_a_checkpoint(tmp_path, signum):
+    """Ctrl-C, SIGTERM (a job scheduler, `kill`) or SIGHUP (the terminal closed) is sent on to the ranks, which stop
+    together at an iteration's end, as a run in one process does: a checkpoint at that step, summary.json
+    ("interrupted"), exit 128 + signum, nothing left running. It used to stop the job at once, losing the work since
+    the last checkpoint. Evaluations while training (one all-gather of their own) come before the ranks' shared stop
+    decision on every rank."""
     from scalebox_ms.trainers.checkpoint import list_checkpoints
 
-    proc, run_dir = _start_job(tmp_path)
+    proc, run_dir = _start_job(tmp_path, "--set", "run.eval_every=256", "--set", "run.eval_episodes=1", rows=3)
     try:
         proc.send_signal(signum)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + signum, err[-2000:]
-    assert err.strip().splitlines()[-1] == "interrupted" and out == ""
+    summary = json.loads(out)
+    name = signal.Signals(signum).name
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == name, summary
+    step = summary["global_step"]
+    assert len(set(summary["param_sha256_per_rank"])) == 1
+    assert f"{name}: the 2 ranks stop together at the end of this iteration" in err
+    assert err.strip().splitlines()[-1] == (f"interrupted by {name} at step {step} (checkpoint written); continue "
+                                            f"with --resume {run_dir}")
+    assert list_checkpoints(os.path.join(run_dir, "checkpoints"))[-1].endswith(f"{step:012d}")
+    assert int(_rows(os.path.join(run_dir, "metrics.csv"))[-1]["global_step"]) == step
     assert _processes_of(run_dir) == []
-    assert list_checkpoints(os.path.join(run_dir, "checkpoints"))  # --resume has a checkpoint to continue from
+
+
+@pytest.mark.integration
+def test_a_signal_while_the_ranks_start_up_stops_the_job_at_once_and_leaves_no_run(tmp_path):
+    """Before the ranks can stop by themselves (their step-0 checkpoint), SIGTERM stops the job at once: exit 143,
+    and the fresh run directory, with nothing trained in it, is removed (it held only msrun/: `--resume` called it
+    "not a run directory", and the same command refused it as not empty)."""
+    run_dir = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "scalebox_ms.train", "--workers", "2", "--run-dir", run_dir,
+                             *DP_ARGS], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stderr.readline().startswith("launching 2 msrun workers")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted" and out == ""
+    assert not os.path.exists(run_dir)
+    assert _processes_of(run_dir) == []
+
+
+@pytest.mark.integration
+def test_msrun_killed_ends_the_job_and_its_ranks(tmp_path):
+    """msrun itself killed (kill -9, the OOM killer): its ranks trained on unsupervised and its log tail kept the
+    launcher reading for ever (holding the run's lock). Now the launcher kills what msrun started and names it."""
+    proc, run_dir = _start_job(tmp_path)
+    try:
+        msrun = next(int(p.split("/")[2]) for p in glob.glob("/proc/[0-9]*/stat")
+                     if _ppid_and_name(p) == (proc.pid, "msrun"))
+        os.kill(msrun, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for cmdline in _processes_of(run_dir, wait=0):  # (without the fix: the ranks and msrun's scheduler)
+            with contextlib.suppress(OSError):
+                os.kill(int(cmdline.split("/")[2]), signal.SIGKILL)
+    assert proc.returncode == 1, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: data-parallel job failed after ") and (
+        f"msrun (pid {msrun}) was killed by SIGKILL; the launcher stopped its workers and scheduler" in last), last
+    assert out == "" and _processes_of(run_dir) == []
+
+
+def _ppid_and_name(stat_path):
+    try:
+        with open(stat_path) as f:
+            text = f.read()
+        with open(stat_path.replace("/stat", "/cmdline"), "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return None
+    ppid = int(text.rsplit(")", 1)[1].split()[1])
+    return ppid, ("msrun" if any(a.endswith(b"/msrun") for a in argv[:2]) else "")
 
 
 @pytest.mark.integration
@@ -535,7 +605,8 @@ def test_stopping_the_job_leaves_no_process_of_its_own_sessions_behind(tmp_path)
     """Ctrl-C of ``--workers`` and a dead worker both go through ``_stop_job``: msrun gets its SIGINT, and children
     that outlive it (msrun starts each worker and its scheduler in a session of its own, where a signal to msrun's
     group does not reach) are killed; here a stand-in msrun that dies on SIGINT without stopping its children."""
-    from scalebox_ms.parallel.launcher import _alive, _stop_job
+    from scalebox_ms.parallel.launcher import _stop_job
+    from scalebox_ms.parallel.ranks import alive
 
     fake_msrun = tmp_path / "fake_msrun.py"
     fake_msrun.write_text(textwrap.dedent("""
@@ -548,20 +619,21 @@ def test_stopping_the_job_leaves_no_process_of_its_own_sessions_behind(tmp_path)
     proc = subprocess.Popen([sys.executable, str(fake_msrun)], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
     kids = [int(p) for p in proc.stdout.readline().split()]
-    assert len(kids) == 2 and all(_alive(k) for k in kids)
+    assert len(kids) == 2 and all(alive(k) for k in kids)
     _stop_job(proc, grace=5.0)
     assert proc.poll() is not None
     deadline = time.time() + 10
-    while any(_alive(k) for k in kids) and time.time() < deadline:
+    while any(alive(k) for k in kids) and time.time() < deadline:
         time.sleep(0.1)  # (orphans are reaped by init)
-    assert not any(_alive(k) for k in kids)
+    assert not any(alive(k) for k in kids)
 
 
 def test_a_second_stop_waits_until_the_first_has_stopped_the_job(tmp_path):
     """Ctrl-C while the watcher thread is already stopping the job (a dead or hung worker): the main thread's
     ``_stop_job`` must not return (and let the launcher exit) while msrun still runs; here a stand-in msrun that
     ignores SIGINT, so only the first stop's SIGKILL after its grace ends it."""
-    from scalebox_ms.parallel.launcher import _alive, _stop_job
+    from scalebox_ms.parallel.launcher import _stop_job
+    from scalebox_ms.parallel.ranks import alive
 
     proc = subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGINT, "
                              "signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"],
@@ -571,13 +643,13 @@ def test_a_second_stop_waits_until_the_first_has_stopped_the_job(tmp_path):
     first.start()
     time.sleep(0.5)  # the first stop is inside its grace period
     _stop_job(proc, grace=3.0)
-    assert not _alive(proc.pid) and proc.poll() is not None
+    assert not alive(proc.pid) and proc.poll() is not None
     first.join(10)
     assert not first.is_alive()
 
 
 def test_dead_workers_are_gone_pids_without_their_exit_marker(tmp_path):
-    from scalebox_ms.parallel.launcher import dead_workers
+    from scalebox_ms.parallel.ranks import dead_workers
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # (reaped: the pid no longer exists)
@@ -773,5 +845,106 @@ def test_the_launchers_last_line_does_not_join_a_ranks_progress_bar(tmp_path, mo
     stream = io.StringIO()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    launcher.launch(["--no-progress"], 2, str(run_dir), True, 30.0, stream=stream)
+    launcher.launch(["--no-progress"], 2, str(run_dir), 30.0, stream=stream)
     assert stream.getvalue().endswith("16.8]\n"), repr(stream.getvalue()[-80:])
+
+
+def test_the_launcher_sends_a_signal_on_only_once_every_rank_can_stop_by_itself(tmp_path):
+    """The first signal goes to the ranks when each of them runs and has its stopper installed; with a rank still
+    starting up (no ``rank_<r>.stoppable``), gone through its exit, or missing, and on a second signal, the launcher
+    stops the job at once (Interrupted)."""
+    import io
+
+    from scalebox_ms.errors import Interrupted
+    from scalebox_ms.parallel.launcher import _Signals
+
+    ranks = [subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
+                               "lambda s, f: (print('got', s, flush=True), sys.exit(0))); print('ready', flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        assert all(r.stdout.readline().strip() == "ready" for r in ranks)
+        for rank, r in enumerate(ranks):
+            (tmp_path / f"rank_{rank}.pid").write_text(str(r.pid))
+        (tmp_path / "rank_0.stoppable").write_text("")
+        stream = io.StringIO()
+        with pytest.raises(Interrupted):  # rank 1 still starts up
+            _Signals(str(tmp_path), 2, stream)(signal.SIGTERM, None)
+        (tmp_path / "rank_1.stoppable").write_text("")
+        with pytest.raises(Interrupted):  # a job of 3 ranks: rank 2 has not written its pid yet
+            _Signals(str(tmp_path), 3, stream)(signal.SIGTERM, None)
+        (tmp_path / "rank_1.exit").write_text("")
+        with pytest.raises(Interrupted):  # rank 1 is leaving
+            _Signals(str(tmp_path), 2, stream)(signal.SIGTERM, None)
+        (tmp_path / "rank_1.exit").unlink()
+        assert all(r.poll() is None for r in ranks) and stream.getvalue() == ""
+        signals = _Signals(str(tmp_path), 2, stream)
+        signals(signal.SIGTERM, None)  # sent on, no exception
+        assert [r.stdout.readline().split() for r in ranks] == [["got", str(int(signal.SIGTERM))]] * 2
+        assert "SIGTERM: the 2 ranks stop together at the end of this iteration" in stream.getvalue()
+        with pytest.raises(Interrupted):  # a second signal: at once
+            signals(signal.SIGINT, None)
+    finally:
+        for r in ranks:
+            r.kill()
+            r.wait()
+
+
+class _Ranks:
+    """A stand-in DistContext of 2 ranks whose all-gather returns the rows given (this rank's own row replaced)."""
+    distributed, world_size, rank = True, 2, 0
+
+    def __init__(self, other):
+        self.other, self.sent = other, []
+
+    def all_gather(self, vec):
+        self.sent.append(float(vec[0]))
+        return np.array([[vec[0]], [self.other]], np.float32)
+
+
+def test_ranks_stop_together_on_the_signal_any_of_them_got():
+    """StopOnSignal with several ranks: all stop at the iteration end where any rank had a signal, signum set to
+    it, decided from the gathered values only; a rank's own (forwarded) signal that comes after another rank's is not
+    a second signal (it used to abort the run at once)."""
+    from scalebox_ms.errors import Interrupted
+    from scalebox_ms.trainers import StopOnSignal
+
+    stop = StopOnSignal(log=lambda line: None, dist=_Ranks(other=0))
+    assert stop.on_iteration_end(None, {}) is None and stop.signum is None
+    stop.dist.other = float(signal.SIGTERM)  # rank 1 got SIGTERM
+    assert stop.on_iteration_end(None, {}) is False and stop.signum == signal.SIGTERM
+    stop._handle(signal.SIGTERM, None)  # this rank's own copy arrives later: no abort
+    with pytest.raises(Interrupted):
+        stop._handle(signal.SIGTERM, None)  # a second one to this rank: abort
+    late = StopOnSignal(log=lambda line: None, dist=_Ranks(other=0))
+
+    class SignalDuringTheGather(_Ranks):
+        def all_gather(self, vec):
+            rows = super().all_gather(vec)
+            if len(self.sent) == 1:
+                late._handle(signal.SIGINT, None)  # (this rank contributed 0: the others go on this iteration)
+            return rows
+
+    late.dist = SignalDuringTheGather(other=0)
+    assert late.on_iteration_end(None, {}) is None  # not alone, one iteration early
+    assert late.on_iteration_end(None, {}) is False and late.dist.sent == [0.0, float(signal.SIGINT)]
+
+
+def test_a_failed_fresh_launch_removes_its_run_directory_only_if_nothing_was_trained(tmp_path):
+    from scalebox_ms.train import _remove_if_untrained
+
+    run = tmp_path / "run"
+    for step_zero_too in (False, True):
+        (run / "msrun").mkdir(parents=True)
+        _remove_if_untrained(str(run), step_zero_too)
+        assert not run.exists()  # only msrun's logs
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt_000000000000.json").write_text("{}")
+    _remove_if_untrained(str(run), step_zero_too=False)
+    assert run.exists()  # a crash or hang: its error names the logs in it, --resume starts from step 0
+    _remove_if_untrained(str(run), step_zero_too=True)
+    assert not run.exists()  # a rank refused its config after rank 0's step-0 checkpoint
+    (run / "checkpoints").mkdir(parents=True)
+    for step in (0, 512):
+        (run / "checkpoints" / f"ckpt_{step:012d}.json").write_text("{}")
+    _remove_if_untrained(str(run), step_zero_too=True)
+    assert (run / "checkpoints" / "ckpt_000000000512.json").exists()  # trained: kept for --resume

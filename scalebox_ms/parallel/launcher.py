@@ -8,10 +8,16 @@ The launcher (this process) never imports MindSpore. It
    writes its pid to ``<run_dir>/msrun/rank_<r>.pid``;
 3. when msrun reports a worker that exited abnormally (msrun then kills the other workers; a worker that failed
    before the cluster formed, msrun would wait for until ``timeout``: the launcher stops the job a few seconds
-   after msrun's report), names its rank in a one-line error and exits non-zero; a worker's own one-line ``error:`` (bad config, bad env id) is repeated
-   with exit code 2. A fresh run that failed before its first checkpoint leaves no run directory behind. A worker
-   killed by a signal in MindSpore's own shutdown, after it passed Python's exit and this job's summary.json was
-   written (:func:`_crash_after_the_run`), is a warning and exit code 0: nothing of the run is missing.
+   after msrun's report), names its rank in a one-line error and exits non-zero; a worker's own one-line
+   ``error:`` (bad config, bad env id) is repeated with exit code 2 (the CLI then removes a fresh run's directory
+   if nothing was trained). A worker killed by a signal in MindSpore's own shutdown, after it passed Python's exit
+   and this job's summary.json was written (:func:`_crash_after_the_run`), is a warning and exit code 0: nothing
+   of the run is missing. msrun itself killed (``kill -9``, the OOM killer) ends the job the same way: its
+   workers, scheduler and log tail are killed (:func:`_watch`).
+
+Ctrl-C, SIGTERM and SIGHUP (:class:`_Signals`): once every rank has its step-0 checkpoint behind it, the first one is
+sent on to the ranks, which stop together at the end of an iteration with a checkpoint and summary.json, as a run in
+one process does; earlier, or on a second signal, the launcher stops the job at once.
 
 ``timeout`` (``parallel.timeout``) bounds msrun's cluster building. A worker killed mid-collective does not hang
 the job: the launcher watches the workers' pids, and a worker gone without passing through Python's exit (killed,
@@ -21,7 +27,7 @@ the kill to the exit).
 
 A worker that hangs without dying (an env stuck in ``step``, a deadlock) stops the others at their next collective,
 so the whole job stops making progress. Each worker touches its ``rank_<r>.beat`` marker at the end of every
-iteration (:func:`beat`); once every live rank has ended its first iteration (start-up and the first graph
+iteration (:func:`~.ranks.beat`); once every live rank has ended its first iteration (start-up and the first graph
 compilations are not timed: they can take minutes), and when no live rank has ended one for ``hang_timeout``
 seconds (``parallel.hang_timeout``; 0: never), the launcher sends each rank :data:`STACK_SIGNAL`, on which Python's
 ``faulthandler`` prints every thread's stack into that rank's log, then stops the job and names the ranks in a
@@ -41,15 +47,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from ..errors import Interrupted
 from .msrun_output import LAUNCHER_LOG, RANK_PID_DIR, Console, how_it_ended, worker_error
-
-#: a worker prints the Python stack of each of its threads into its log on this signal (``faulthandler``)
-STACK_SIGNAL = signal.SIGUSR1
-_beat_marker: Optional[str] = None  # (in a worker: its rank_<r>.beat, touched by beat())
-_job: Optional[tuple] = None  # (in a worker: (run_dir, rank, the time it started), for wait_for_rank_zero())
+from .ranks import (STACK_SIGNAL, alive, children, dead_workers, rank_of_pid, rank_pids, stalled_workers,
+                    stoppable_ranks)
 
 
 def free_port() -> int:
@@ -72,154 +75,12 @@ def msrun_executable() -> str:
     return found
 
 
-def write_rank_pid(run_dir: str, rank: int) -> None:
-    """Called by each worker: lets the launcher map a dead process to its rank, and tell a worker that exited
-    through Python (``rank_<r>.exit``, written at interpreter exit: success or a reported error) from one that
-    died; :func:`beat` marks its progress, and :data:`STACK_SIGNAL` prints its Python stacks into its log."""
-    import atexit
-    import faulthandler
-
-    global _beat_marker, _job
-
-    _job = (run_dir, rank, time.time())
-    d = os.path.join(run_dir, RANK_PID_DIR)
-    os.makedirs(d, exist_ok=True)
-    pid = os.getpid()
-    tmp = os.path.join(d, f".rank_{rank}.pid.tmp")
-    with open(tmp, "w") as f:
-        f.write(str(pid))
-    alive = os.path.join(d, f"rank_{rank}.alive")
-    open(alive, "w").close()  # renamed to rank_<r>.exit at exit: a rename needs no free space (a full disk)
-    _beat_marker = os.path.join(d, f"rank_{rank}.beat")
-    faulthandler.register(STACK_SIGNAL, all_threads=True)  # (to sys.stderr: msrun's worker_<r>.log)
-    faulthandler.enable(all_threads=True)  # a crash (SIGSEGV, SIGABRT) prints the Python stacks into the log too
-    os.replace(tmp, os.path.join(d, f"rank_{rank}.pid"))
-
-    def exited():
-        if os.getpid() == pid:  # (not in a forked child that inherited the handler)
-            try:
-                os.replace(alive, os.path.join(d, f"rank_{rank}.exit"))
-            except OSError:
-                pass
-
-    atexit.register(exited)
-
-
-def beat() -> None:
-    """In a worker, at the end of each iteration: touch ``rank_<r>.beat`` (an empty file: no data is written). A
-    no-op outside a ``--workers`` job."""
-    if _beat_marker is not None:
-        try:
-            try:
-                os.utime(_beat_marker)
-            except FileNotFoundError:  # the first iteration's end
-                open(_beat_marker, "a").close()
-        except OSError:
-            pass
-
-
-def wait_for_rank_zero(poll: float = 0.1) -> None:
-    """In a rank > 0 whose work is done: return once rank 0 has written this job's ``summary.json`` (modified since
-    this worker started) or has ended (its exit marker, or its pid gone). MindSpore 2.10's shutdown of a worker was
-    seen to die of SIGSEGV now and then on a busy machine, and msrun then stops every other worker; its cluster
-    finalisation does not reliably wait for rank 0 (seen in CI: rank 1 died while rank 0 still evaluated). A rank
-    that leaves only after rank 0's summary cannot take down a run that has not been summarised (the launcher
-    accepts such a crash once the run has ended: :func:`_crash_after_the_run`). A no-op outside a job, on rank 0."""
-    if _job is None or _job[1] == 0:
-        return
-    run_dir, _, started = _job
-    log_dir = os.path.join(run_dir, RANK_PID_DIR)
-    pid = _rank_pids(log_dir).get(0)
-    summary = os.path.join(run_dir, "summary.json")
-    while pid is not None and _alive(pid) and not os.path.exists(os.path.join(log_dir, "rank_0.exit")):
-        try:
-            if os.stat(summary).st_mtime >= started:
-                return
-        except OSError:
-            pass
-        time.sleep(poll)
-
-
-def stalled_workers(log_dir: str, hang_timeout: float, now: Optional[float] = None) -> List[tuple]:
-    """``[(rank, pid, seconds since its last beat)]`` for every live rank (no exit marker) when ALL of them have
-    been silent for more than ``hang_timeout`` seconds (ranks train in lockstep: one stuck rank soon blocks the
-    others in a collective), else ``[]``; also ``[]`` while a live rank has not ended its first iteration (no
-    ``rank_<r>.beat`` yet). Ranks that have not written their pid yet are not counted."""
-    now = time.time() if now is None else now
-    found = []
-    for rank, pid in sorted(_rank_pids(log_dir).items()):
-        if os.path.exists(os.path.join(log_dir, f"rank_{rank}.exit")) or not _alive(pid):
-            continue
-        try:
-            age = now - os.stat(os.path.join(log_dir, f"rank_{rank}.beat")).st_mtime
-        except OSError:
-            return []  # (still in its first iteration)
-        if age <= hang_timeout:
-            return []
-        found.append((rank, pid, age))
-    return found
-
-
 def _dump_stacks(stalled: List[tuple]) -> None:
     for _, pid, _ in stalled:
         try:
             os.kill(pid, STACK_SIGNAL)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _stat(pid: int) -> List[str]:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...); FileNotFoundError if gone."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie (a dead worker msrun has not reaped yet)."""
-    try:
-        return _stat(pid)[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):  # no /proc: signal 0 tells existence only
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-
-
-def _rank_pids(log_dir: str) -> Dict[int, int]:
-    """rank -> pid from the workers' ``rank_<r>.pid`` files."""
-    found = {}
-    for path in glob.glob(os.path.join(log_dir, "rank_*.pid")):
-        try:
-            rank = int(re.search(r"rank_(\d+)\.pid$", path).group(1))
-            with open(path) as f:
-                found[rank] = int(f.read().strip())
-        except (OSError, ValueError, AttributeError):
-            continue
-    return found
-
-
-def dead_workers(log_dir: str) -> List[int]:
-    """The pids of the workers that are gone without their exit marker, in rank order."""
-    return [pid for rank, pid in sorted(_rank_pids(log_dir).items())
-            if not _alive(pid) and not os.path.exists(os.path.join(log_dir, f"rank_{rank}.exit"))]
-
-
-def _children(pid: int) -> List[int]:
-    """The pids whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
-    found = []
-    for path in glob.glob("/proc/[0-9]*/stat"):
-        child = int(path.split("/")[2])
-        try:
-            if int(_stat(child)[1]) == pid:
-                found.append(child)
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
 
 
 _stopping = threading.Lock()
@@ -236,7 +97,7 @@ def _stop_job(proc, grace: float = 10.0) -> None:
 
 
 def _stop_job_now(proc, grace: float) -> None:
-    children = _children(proc.pid)
+    kids = children(proc.pid)
     try:
         proc.send_signal(2)
     except ProcessLookupError:
@@ -244,8 +105,13 @@ def _stop_job_now(proc, grace: float) -> None:
     deadline = time.time() + grace
     while proc.poll() is None and time.time() < deadline:
         time.sleep(0.1)
-    for pid in [proc.pid] + children:
-        if _alive(pid):
+    _kill_groups([proc.pid] + kids)
+
+
+def _kill_groups(pids) -> None:
+    """SIGKILL the process group of each of ``pids`` that still runs."""
+    for pid in pids:
+        if alive(pid):
             try:
                 os.killpg(os.getpgid(pid), 9)
             except (ProcessLookupError, PermissionError):
@@ -266,8 +132,14 @@ def _stop_unless_ended(proc, grace: float) -> None:
 def _watch(proc, log_dir: str, found: list, hung: list, hang_timeout: float = 0.0, interval: float = 0.2) -> None:
     """Until msrun ends: a worker that died (:func:`dead_workers`) ends the job now; msrun alone would wait for its
     scheduler's heartbeat timeout (~30 s). With ``hang_timeout`` > 0, a job whose ranks all stopped making progress
-    (:func:`stalled_workers`) has its stacks printed into the workers' logs, then is stopped."""
+    (:func:`stalled_workers`) has its stacks printed into the workers' logs, then is stopped. msrun itself killed
+    (``kill -9``, the OOM killer): its workers, scheduler and log tail, each in a session of its own, are killed
+    too (they trained on unsupervised, and the tail held msrun's output open: the launcher waited for ever)."""
+    known, scanned = set(), 0.0
     while proc.poll() is None:
+        if time.time() - scanned >= 1.0:  # (msrun's children, while it lives: once it is gone, they are init's)
+            known.update(children(proc.pid))
+            scanned = time.time()
         pids = dead_workers(log_dir)
         if pids:
             found.extend(pids)
@@ -281,29 +153,53 @@ def _watch(proc, log_dir: str, found: list, hung: list, hang_timeout: float = 0.
             _stop_job(proc)
             return
         time.sleep(interval)
-
-
-def _rank_of_pid(run_dir: str, pid: int) -> Optional[int]:
-    return next((rank for rank, p in _rank_pids(os.path.join(run_dir, RANK_PID_DIR)).items() if p == pid), None)
+    if proc.returncode < 0:
+        with _stopping:
+            _kill_groups(sorted(known | set(rank_pids(log_dir).values())))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, 9)  # (msrun's own group, which it led: its log tail)
 
 
 def _default_sigint() -> None:
     """In msrun (before exec): Ctrl-C's default action and unblocked, whatever the launcher inherited (a launcher
     started in the background ignores SIGINT, and an ignored signal survives exec): _stop_job's SIGINT must reach
-    msrun's own handler."""
+    msrun's own handler. SIGTERM and SIGHUP, blocked in the launcher while it forks msrun, unblocked."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
-def _terminated(signum, frame):
-    """SIGTERM or SIGHUP to the launcher: the job is stopped as for Ctrl-C; the CLI exits 128 + signum."""
-    raise Interrupted(signum)
+class _Signals:
+    """The launcher's handler of Ctrl-C, SIGTERM and SIGHUP. The first one, once every rank can stop by itself
+    (:func:`~.ranks.stoppable_ranks`), is sent on to the ranks: they stop together at the end of the iteration, rank 0
+    writes a checkpoint and summary.json (``"status": "interrupted"``), and the job ends by itself. Before that (the
+    ranks still start up), or a second time, the job is stopped at once (:class:`Interrupted`; the CLI exits
+    128 + signum; ``--resume`` continues from the latest checkpoint)."""
+
+    def __init__(self, log_dir: str, workers: int, stream):
+        self.log_dir, self.workers, self.stream = log_dir, workers, stream
+        self.forwarded: Optional[int] = None
+        self.stopped: Optional[int] = None  # the signal that stopped the job at once
+
+    def __call__(self, signum, frame):
+        pids = None if self.forwarded is not None else stoppable_ranks(self.log_dir, self.workers)
+        if pids is None:
+            self.stopped = signum
+            raise Interrupted(signum)
+        self.forwarded = signum
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.write(f"\n{signal.Signals(signum).name}: the {self.workers} ranks stop together at the end "
+                              "of this iteration (checkpoint + summary); send it again to stop the job at once\n")
+            self.stream.flush()
 
 
 def _stopping_signals() -> List[int]:
-    """The signals the launcher turns into a clean stop of the job besides Ctrl-C: SIGTERM, and SIGHUP unless it is
-    ignored (``nohup``)."""
-    return [signal.SIGTERM] + ([] if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else [signal.SIGHUP])
+    """The signals that stop the job (:class:`_Signals`): SIGINT (Ctrl-C), SIGTERM, and SIGHUP unless it is ignored
+    (``nohup``)."""
+    hup = [] if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else [signal.SIGHUP]
+    return [signal.SIGINT, signal.SIGTERM] + hup
 
 
 # MindSpore's cluster heartbeat interval, drawn between these bounds in whole seconds (its defaults: 3 and 5): each
@@ -325,11 +221,10 @@ def msrun_env(environ) -> dict:
     return env
 
 
-def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, timeout: float,
+def launch(worker_args: List[str], workers: int, run_dir: str, timeout: float,
            stream=sys.stderr, hang_timeout: float = 0.0) -> int:
     """Run ``python -m scalebox_ms.train <worker_args>`` as ``workers`` msrun ranks; returns the exit code."""
     log_dir = os.path.join(run_dir, RANK_PID_DIR)
-    created = fresh and not os.path.exists(run_dir)
     os.makedirs(log_dir, exist_ok=True)
     # a previous launch's files (resume): not this job's
     for pattern in ("rank_*.pid", "rank_*.alive", "rank_*.beat", "rank_*.exit", "worker_*.log", "scheduler.log",
@@ -346,9 +241,9 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     stream.flush()
     t0 = time.time()
     main = threading.current_thread() is threading.main_thread()
-    old_int = signal.getsignal(signal.SIGINT) if main else None
     # (before msrun exists)
-    old = {s: signal.signal(s, _terminated) for s in _stopping_signals()} if main else {}
+    signals = _Signals(log_dir, workers, stream)
+    old = {s: signal.signal(s, signals) for s in _stopping_signals()} if main else {}
     proc = None
     console = Console(os.path.join(log_dir, LAUNCHER_LOG))
     dead_pid = dead_code = None
@@ -361,8 +256,17 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
             stream.write(text)
             ended_open[0] = not text.endswith("\n") if text else ended_open[0]
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                                errors="replace", start_new_session=True, preexec_fn=_default_sigint)
+        # (a signal's handler run in the fork's after-fork hooks raised into them, and its exception was lost: the
+        # job ran on; blocked, it comes once msrun has started, and stops it)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, old) if main else None
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                    errors="replace", start_new_session=True, preexec_fn=_default_sigint)
+        finally:
+            if main:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if signals.stopped is not None:  # (Ctrl-C, routed by a thread of ours, may still come in those hooks)
+            raise Interrupted(signals.stopped)
         threading.Thread(target=_watch, args=(proc, log_dir, died, hung, hang_timeout), daemon=True).start()
         for line in proc.stdout:
             m = re.search(r"Worker process (\d+) exit with exception(?:\. Error code: (-?\d+))?", line)
@@ -375,9 +279,9 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
             shown(console.shown(line))
         shown(console.shown(None))
         rc = proc.wait()
-    except BaseException:  # Ctrl-C, SIGTERM/SIGHUP (_terminated: exit 130 / 143 / 129), or a broken stderr pipe:
-        if main:           # no job is left running without its launcher (a second signal must not cut it short)
-            for s in [signal.SIGINT, *old]:
+    except BaseException:  # a signal (_Signals: exit 130 / 143 / 129), or a broken stderr pipe: no job is left
+        if main:           # running without its launcher (a second signal must not cut it short)
+            for s in old:
                 signal.signal(s, signal.SIG_IGN)
         if proc is not None and proc.poll() is None:
             _stop_job(proc)  # msrun's workers and scheduler run in sessions of their own: stop them all
@@ -390,7 +294,6 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
         if main:
             for s, handler in old.items():
                 signal.signal(s, handler)
-            signal.signal(signal.SIGINT, old_int)
     if rc == 0 and not died and not hung and dead_pid is None:  # (msrun stopped by us after an exception: rc 0)
         stream.writelines(console.held)
         return 0
@@ -398,7 +301,7 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
     if not hung and message is None and dead_pid is not None and dead_code is not None and dead_code < 0:
         ended = _crash_after_the_run(run_dir, t0, dead_pid)
         if ended is not None:  # (MindSpore's shutdown, after rank 0 wrote the run's summary: nothing is lost)
-            rank = _rank_of_pid(run_dir, dead_pid)
+            rank = rank_of_pid(run_dir, dead_pid)
             sys.stderr.write(f"warning: rank {rank} (pid {dead_pid}) {how_it_ended(dead_code)} in MindSpore's "
                              f"shutdown, after the run had ended ({ended}; summary.json written); msrun reported "
                              f"the job failed, but nothing of the run is missing (logs: {log_dir})\n")
@@ -411,17 +314,17 @@ def launch(worker_args: List[str], workers: int, run_dir: str, fresh: bool, time
         message = (f"data-parallel job stopped after {time.time() - t0:.0f} s: no rank ended an iteration for more "
                    f"than {hang_timeout:g} s (parallel.hang_timeout; {ages}); each rank's Python stacks are at the "
                    f"end of its log ({logs} in {log_dir})")
+    elif message is None and rc < 0 and not died and dead_pid is None:
+        message = (f"data-parallel job failed after {time.time() - t0:.0f} s: msrun (pid {proc.pid}) "
+                   f"{how_it_ended(rc)}; the launcher stopped its workers and scheduler (logs: {log_dir})")
     elif message is None:
         # msrun's report names the first it saw (it then kills the others); else every worker found dead
         pids = [dead_pid] if dead_pid is not None else died
         who = " and ".join(f"rank {r} (pid {p})" if r is not None else f"pid {p}"
-                           for p, r in ((p, _rank_of_pid(run_dir, p)) for p in pids)) or "a worker"
+                           for p, r in ((p, rank_of_pid(run_dir, p)) for p in pids)) or "a worker"
         stopper = "the launcher" if died else "msrun"
         message = (f"data-parallel job failed after {time.time() - t0:.0f} s: {who} {how_it_ended(dead_code)}, "
                    f"{stopper} stopped the other workers (logs: {log_dir})")
-    ckpts = glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.json"))
-    if created and not ckpts:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing worth keeping: leave no half-made run behind
     sys.stderr.write(f"error: {message}\n")
     return code
 
@@ -435,7 +338,7 @@ def _crash_after_the_run(run_dir: str, since: float, pid: int) -> Optional[str]:
     (``rank_<r>.exit``: all its work done) and rank 0 had written this job's summary.json (modified at or after
     ``since``, the launch) with a status of a run that ended by itself; else None. MindSpore 2.10's shutdown of a
     worker (the cluster's finalisation) was seen to die of SIGSEGV there, once in a while, on a busy machine."""
-    rank = _rank_of_pid(run_dir, pid)
+    rank = rank_of_pid(run_dir, pid)
     if rank is None or not os.path.exists(os.path.join(run_dir, RANK_PID_DIR, f"rank_{rank}.exit")):
         return None
     path = os.path.join(run_dir, "summary.json")

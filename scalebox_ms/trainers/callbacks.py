@@ -102,9 +102,9 @@ class EvalCallback(Callback):
 
 class ProgressBeat(Callback):
     """``--workers`` ranks: each iteration's end is a sign of progress for the launcher's hang watch
-    (:func:`scalebox_ms.parallel.launcher.beat`)."""
+    (:func:`scalebox_ms.parallel.ranks.beat`)."""
 
     def on_iteration_end(self, trainer, metrics):
-        from ..parallel.launcher import beat
+        from ..parallel.ranks import beat
 
         beat()

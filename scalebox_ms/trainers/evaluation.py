@@ -26,7 +26,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from ..errors import ConfigError, ScaleboxError, first_line, user_code_origin
-from ..parallel.launcher import beat
+from ..parallel.ranks import beat
 from ..envs.factory import close_env
 
 

@@ -167,14 +167,21 @@ class StopOnSignal(Callback):
     terminal closed, an ssh session dropped) stays ignored where it is (``nohup``).
 
     In a script of your own: ``with StopOnSignal() as stop: trainer.learn(callbacks=[stop])`` returns at an
-    iteration boundary after a Ctrl-C (``stop.signum`` says which signal), where ``save`` can checkpoint."""
+    iteration boundary after a Ctrl-C (``stop.signum`` says which signal), where ``save`` can checkpoint.
+
+    Data parallel (``dist=trainer.dist`` with several ranks): the ranks train in lockstep, so one rank must not stop
+    alone. At each iteration's end the ranks share whether a signal came (one small all-gather) and all stop if any
+    rank got one, ``signum`` set on each to the first rank's signal. Give every rank one, at the same place in its
+    callbacks relative to other callbacks with collectives (an evaluation's)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, log=print, after: str = ""):
+    def __init__(self, log=print, after: str = "", dist=None):
         self.log = log
         self.after = after  # what the stop brings, for the log line (the CLI: " (checkpoint + summary)")
+        self.dist = dist
         self.signum: Optional[int] = None
+        self._received = False  # this process got a signal (a second one aborts; another rank's does not count)
         self._previous: Dict[int, object] = {}
 
     @property
@@ -203,9 +210,11 @@ class StopOnSignal(Callback):
         self.restore()
 
     def _handle(self, signum, frame):
-        if self.signum is not None:
+        if self._received:
             raise Interrupted(signum)
-        self.signum = signum
+        self._received = True
+        if self.signum is None:
+            self.signum = signum
         try:  # (after SIGHUP the terminal may be gone: writing to it fails)
             self.log(f"{signal.Signals(signum).name}: stopping at the end of this iteration{self.after}; "
                      "send it again to abort at once")
@@ -214,4 +223,15 @@ class StopOnSignal(Callback):
             pass
 
     def on_iteration_end(self, trainer, metrics):
-        return False if self.signum is not None else None
+        if self.dist is None or not self.dist.distributed:
+            return False if self.signum is not None else None
+        import numpy as np
+
+        # the answer comes from the gathered values alone: a signal arriving on this rank after its contribution
+        # must not stop it an iteration before the others
+        asked = self.dist.all_gather(np.array([self.signum or 0], np.float32))[:, 0]
+        if not asked.any():
+            return None
+        if self.signum is None:
+            self.signum = int(asked[asked > 0][0])
+        return False

@@ -180,15 +180,17 @@ def _rank_hashes(trainer) -> dict:
     return out
 
 
-def _follow(trainer, until: Optional[int]):
-    """Ranks > 0: train in lockstep with rank 0 (same collectives, the same ``run.eval_every`` evaluations, added by
-    ``learn``), write nothing, return no summary, once rank 0 has written its own. A resumed run that stopped solved
-    trains on nowhere (rank 0 skips ``learn`` too: a lone rank's update AllReduce met rank 0's hash all-gather and
-    failed)."""
-    from ..parallel.launcher import wait_for_rank_zero
+def _follow(trainer, until: Optional[int], stopper: StopOnSignal):
+    """Ranks > 0: train in lockstep with rank 0 (same collectives: the ``run.eval_every`` evaluations, then the
+    stopper's, in rank 0's order), write nothing, return no summary, once rank 0 has written its own. A resumed run
+    that stopped solved trains on nowhere (rank 0 skips ``learn`` too: a lone rank's update AllReduce met rank 0's
+    hash all-gather and failed)."""
+    from ..parallel.ranks import wait_for_rank_zero
 
-    if _solved_at_checkpoint(trainer, trainer.config) is None:
-        trainer.learn(until=until, callbacks=[ProgressBeat()])
+    cfg = trainer.config
+    if _solved_at_checkpoint(trainer, cfg) is None:
+        evals = [EvalCallback.from_config(cfg, trainer.log.info)] if cfg.run.eval_every > 0 else []
+        trainer.learn(until=until, callbacks=evals + [stopper, ProgressBeat()])
     _rank_hashes(trainer)
     wait_for_rank_zero()  # (a crash in this rank's shutdown must not cut rank 0's summary short)
     return None
@@ -262,14 +264,16 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
     from . import make_trainer
 
     trainer = make_trainer(cfg)  # validates env id and spaces before anything is written
-    stopper = StopOnSignal(log, after=" (checkpoint + summary)")
+    # (data parallel: the ranks stop together, at the launcher's signal sent on to each; its own line says so)
+    stopper = StopOnSignal(log if not distributed else lambda line: None, after=" (checkpoint + summary)",
+                           dist=trainer.dist)
     try:
         cfg = trainer.config  # (under a user's msrun line: parallel.workers = the detected world size)
         from .evaluation import check_evaluation_env
 
         check_evaluation_env(trainer)
         if distributed:
-            from ..parallel.launcher import write_rank_pid
+            from ..parallel.ranks import write_rank_pid
             from ..runlock import watch_launcher
 
             write_rank_pid(run_dir, trainer.dist.rank)
@@ -314,10 +318,13 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
                 log(f"run directory: {run_dir}  (device {trainer.sandbox.device}"
                     + (f", {trainer.world_size} data-parallel ranks over {trainer.dist.backend})"
                        if distributed else ")"))
+        stopper.install()
+        if distributed:
+            from ..parallel.ranks import mark_stoppable
+
+            mark_stoppable()  # (the launcher now sends its signals on to the ranks)
         if not trainer.dist.is_main:
-            return _follow(trainer, until)
-        if not distributed:  # msrun ranks train in lockstep: one rank stopping alone would hang the others
-            stopper.install()
+            return _follow(trainer, until, stopper)
         return _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, stopper)
     finally:  # (a signal while the envs close is held by the stopper: the run's files are final already)
         with contextlib.ExitStack() as after_close:  # (run last to first, whatever raises)
@@ -343,7 +350,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     writer = MetricsWriter(metrics_path, METRIC_COLUMNS if cfg.algo == "ppo" else OFF_POLICY_COLUMNS)
     saver = CheckpointSaver(ckpt_dir, cfg.run.checkpoint_every, cfg.run.keep_checkpoints)
     evals = [EvalCallback.from_config(cfg, log)] if cfg.run.eval_every > 0 else []
-    # (evaluations before the saver: a checkpoint at an evaluation's step carries it, trainer.evaluations)
+    # (evaluations before the saver: a checkpoint at an evaluation's step carries it, trainer.evaluations; with
+    # collectives, evaluations before the stopper, as in _follow)
     callbacks: List[Callback] = [writer] + evals + [saver, stopper, ProgressBeat()]
     show = cfg.run.progress if progress is None else progress
     if show:
@@ -356,7 +364,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         log(f"the run was solved at step {trainer.global_step} (evaluation mean {solved_before['mean']:.2f} >= "
             f"run.stop_return {cfg.run.stop_return:g}); remove the bar from config.yaml to train on")
     try:
-        if stopper.signum is None and solved_before is None:  # (a signal between iterations: stop right away)
+        # (a signal between iterations: stop right away; data parallel: the ranks decide together, in learn)
+        if (stopper.signum is None or trainer.dist.distributed) and solved_before is None:
             trainer.learn(callbacks=callbacks, until=until)
     finally:
         writer.close()
