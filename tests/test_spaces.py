@@ -523,7 +523,7 @@ def test_custom_env_module_trains_from_the_cli(tmp_path, monkeypatch):
     r = run_module("train", "--config", os.path.join(REPO, "configs", "ppo_corridor.yaml"), "--run-dir",
                    tmp_path / "run", "--set", "run.total_steps=8192", "--no-progress")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "has no episode step limit" not in r.stderr  # (the example registers its TimeLimit: a pattern to copy)
+    assert "registered without an episode step limit" not in r.stderr  # (the example registers its TimeLimit: a pattern to copy)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["eval_mean_return"] >= 0.9  # the best return is 0.93
 
@@ -740,12 +740,28 @@ def test_ppo_warns_of_box_bounds_that_exclude_zero(caplog):
         assert ("Box action bounds [10.0]..[12.0] exclude 0: PPO's Gaussian starts at mean 0" in caplog.text) == warned
 
 
-def test_an_info_gymnasium_cannot_batch_is_named_not_the_env_kwargs():
-    """The error read "env.id: ... with env.kwargs={} fails its first step (ValueError: could not broadcast ...)":
-    the env's kwargs were blamed for gymnasium's batching of its infos."""
+def test_infos_are_cut_to_what_is_read_so_any_info_trains():
+    """gymnasium's SyncVectorEnv batches every info key: an info array of another shape per sub-env failed at the
+    first step, though scalebox_ms reads only Atari's whole-game statistics from infos. Each sub-env's info is now
+    cut to those (which pass through); isolated workers batch the infos themselves: there such an info is still
+    named, not the env's kwargs (the error read "env.id: ... with env.kwargs={} fails its first step")."""
     from scalebox_ms.envs import make_vec_env
+    from scalebox_ms.envs.atari import GameStats, OnlyGameEnd
 
+    env = make_vec_env("space_envs:VaryingInfo-v0", 2, {})
+    try:
+        assert env.reset(seed=0)[1] == {} and env.step(env.action_space.sample())[4] == {}
+    finally:
+        env.close()
     with pytest.raises(ConfigError, match=r"^env\.id: 'space_envs:VaryingInfo-v0': gymnasium's vector env cannot "
                                           r"batch the info dict of its step \(ValueError: .*\); each info key needs "
                                           r"one shape and type from step to step$"):
-        make_vec_env("space_envs:VaryingInfo-v0", 2, {})
+        make_vec_env("space_envs:VaryingInfo-v0", 2, {}, isolation="process")
+    games = gym.make_vec("InfoSteps-v0", num_envs=2, vectorization_mode="sync", wrappers=[GameStats, OnlyGameEnd])
+    try:
+        games.reset(seed=0)
+        infos = [games.step(np.array([1, 1]))[4] for _ in range(3)]  # (InfoSteps: "count" each step, 3 per game)
+    finally:
+        games.close()
+    assert infos[0] == {} and sorted(infos[2]) == ["_game_length", "_game_return", "game_length", "game_return"]
+    assert list(infos[2]["game_length"]) == [3, 3]

@@ -155,6 +155,22 @@ def game_end(info: dict) -> dict:
     return {k: info[k] for k in ("game_return", "game_length") if k in info}
 
 
+class OnlyGameEnd(_gym_wrapper()):
+    """A sub-env's info cut to what scalebox_ms reads of it (:func:`game_end`: GameStats's keys; nothing for other
+    envs), outermost in each sub-env of the SyncVectorEnvs :func:`~.factory.make_vec_env` builds. gymnasium batches
+    every key of every step's info: an env whose info values change shape or type from step to step or env to env
+    could not train, and MuJoCo's six keys cost about a tenth of HalfCheetah's vector step
+    (``benchmarks/info_batching.py``)."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return obs, game_end(info)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, game_end(info)
+
+
 class EpisodicLife(_gym_wrapper()):
     """A lost life is a terminal state for training; the game itself goes on (reset = one no-op step).
 

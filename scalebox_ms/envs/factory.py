@@ -38,8 +38,9 @@ def _log_eval_cap(env_id: str) -> None:
         import logging
 
         logging.getLogger("scalebox_ms").info(
-            "%s has no episode step limit of its own: evaluation episodes are cut (truncated) at %d steps "
-            "(set env.kwargs.max_episode_steps to choose one)", env_id, EVAL_MAX_EPISODE_STEPS)
+            "%s is registered without an episode step limit (max_episode_steps): evaluation episodes are cut "
+            "(truncated) at %d steps unless the env ends them sooner (set env.kwargs.max_episode_steps to choose a "
+            "limit)", env_id, EVAL_MAX_EPISODE_STEPS)
 
 
 def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none", step_timeout: float = 10.0,
@@ -113,7 +114,9 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
                     and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS
                     and kwargs.get("max_episode_steps") != -1  # (CartPoleVectorEnv cut every episode at step 1)
                     and not ale else "sync")  # (ale-py's is its own preprocessing pipeline)
-            extra = {"wrappers": atari.wrappers(*wrap)} if preprocess != "none" else {}
+            # (each sub-env of a SyncVectorEnv: Atari's preprocessing, then its info cut to what is read; gymnasium's
+            # own vector envs take no wrappers)
+            extra = {"wrappers": atari.wrappers(*wrap) + [atari.OnlyGameEnd]} if mode == "sync" else {}
             if mode == "vector_entry_point" and kwargs:  # its own checks of env.kwargs may be laxer than the single
                 gym.make(env_id, **kwargs).close()  # env's, which evaluation plays (CartPole: max_episode_steps 0)
             env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **extra, **kwargs)
