@@ -1,7 +1,8 @@
 """Exceptions with one-line messages that name the culprit.
 
 The CLIs turn these into ``error: <message>`` on stderr and exit code 2. A message never exceeds
-:data:`MAX_MESSAGE` characters (longer ones are cut, with their length noted), and messages that quote a user's
+:data:`MAX_MESSAGE` characters (longer ones are cut in the middle, with their length noted: the end of a
+message says what to do), and messages that quote a user's
 value quote it through :func:`short_repr`, so a hostile or mistaken value cannot make an error line huge.
 """
 from __future__ import annotations
@@ -11,6 +12,8 @@ import signal
 
 #: longest error message, in characters
 MAX_MESSAGE = 500
+#: characters of a message's end kept when it is cut (:func:`cap_message`)
+KEPT_END = 200
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel = 3
@@ -75,11 +78,13 @@ def short_repr(value, limit: int = 60) -> str:
 
 
 def cap_message(message: str) -> str:
-    """``message`` cut to :data:`MAX_MESSAGE` characters (with its original length noted) when longer."""
+    """``message`` cut to :data:`MAX_MESSAGE` characters when longer: its start and its last
+    :data:`KEPT_END` characters (what to do about it, where most messages say so), its original length noted
+    between them."""
     if len(message) <= MAX_MESSAGE:
         return message
-    note = f"... ({len(message)} chars)"
-    return message[: MAX_MESSAGE - len(note)] + note
+    note = f" ... ({len(message)} chars) ... "
+    return message[: MAX_MESSAGE - len(note) - KEPT_END] + note + message[-KEPT_END:]
 
 
 class ScaleboxError(Exception):

@@ -255,8 +255,9 @@ def test_short_repr_and_the_message_cap():
     for _ in range(30):  # 2**30 leaves if expanded: short_repr must not expand it
         nested = [nested, nested]
     assert len(short_repr(nested)) < 100
-    msg = str(ScaleboxError("k: " + "y" * 10**6))
-    assert len(msg) <= MAX_MESSAGE and msg.endswith("(1000003 chars)")
+    msg = str(ScaleboxError("k: " + "y" * 10**6 + "; do this"))
+    assert len(msg) == MAX_MESSAGE and msg.startswith("k: yyy") and " ... (1000012 chars) ... " in msg
+    assert msg.endswith("y; do this")  # (the end says what to do: kept)
 
 
 @pytest.mark.parametrize("data", [
