@@ -2,6 +2,7 @@
 truncation handling, checkpoints and resume, MindIR export of the actor (the compiled DQN phase against a
 step-by-step PyNative reference: test_offpolicy_kernels.py)."""
 import json
+import logging
 import math
 import os
 import subprocess
@@ -529,8 +530,41 @@ def test_corrupt_replay_file_is_refused(tmp_path):
     with open(ckdir / replay, "r+b") as f:
         f.seek(200)
         f.write(b"\x00\x01\x02")
-    with pytest.raises(CheckpointError, match="replay buffer .* is missing or corrupt"):
+    with pytest.raises(CheckpointError, match=r"\.replay\.npz \(its replay buffer\) is missing or corrupt; to continue "
+                                              r"from ckpt_\d+ with an empty buffer that refills"):
         _train_run(None, None, resume=str(tmp_path / "r"), checkpoint=str(ckdir / replay[: -len(".replay.npz")]))
+
+
+def test_a_lost_replay_file_refused_on_resume_unless_the_run_does_without_its_replay(tmp_path, caplog):
+    """The latest checkpoint's replay file damaged or deleted (the disk, a user freeing space): the resume was
+    refused even with run.save_replay: false in config.yaml, so the run could only go back to an older checkpoint.
+    The refusal now says how to go on from it with an empty buffer, and with save_replay false it does."""
+    import yaml
+
+    from scalebox_ms.errors import CheckpointError
+
+    cfg = dqn_config()
+    cfg.run.total_steps = 2000
+    run = tmp_path / "r"
+    first = _train_run(cfg, run, until=1000)
+    name = f"ckpt_{first['global_step']:012d}"
+    os.remove(run / "checkpoints" / f"{name}.replay.npz")
+    with pytest.raises(CheckpointError) as refused:
+        _train_run(None, None, resume=str(run))
+    assert str(refused.value) == (
+        f"--resume {run}: {name}.replay.npz (its replay buffer) is missing or corrupt; to continue from {name} with an "
+        "empty buffer that refills (not bit-identical), set run.save_replay: false in the run's config.yaml; or go "
+        f"back to the newest intact checkpoint: --checkpoint {run / 'checkpoints' / 'ckpt_000000000000'}.json")
+    with open(run / "config.yaml") as f:
+        saved = yaml.safe_load(f)
+    saved["run"]["save_replay"] = False
+    with open(run / "config.yaml", "w") as f:
+        yaml.safe_dump(saved, f)
+    with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+        out = _train_run(None, None, resume=str(run))
+    assert "its replay buffer file is missing or corrupt; with run.save_replay: false the buffer starts empty" in \
+        caplog.text
+    assert out["status"] == "completed" and out["replay_size"] < out["global_step"] - first["global_step"] + 64
 
 
 def test_evaluate_and_export_neither_read_nor_allocate_the_replay_buffer(tmp_path, monkeypatch):

@@ -40,8 +40,8 @@ def write_rank_pid(run_dir: str, rank: int) -> None:
     tmp = os.path.join(d, f".rank_{rank}.pid.tmp")
     with open(tmp, "w") as f:
         f.write(str(pid))
-    alive = os.path.join(d, f"rank_{rank}.alive")
-    open(alive, "w").close()  # renamed to rank_<r>.exit at exit: a rename needs no free space (a full disk)
+    marker = os.path.join(d, f"rank_{rank}.alive")
+    open(marker, "w").close()  # renamed to rank_<r>.exit at exit: a rename needs no free space (a full disk)
     _beat_marker = os.path.join(d, f"rank_{rank}.beat")
     faulthandler.register(STACK_SIGNAL, all_threads=True)  # (to sys.stderr: msrun's worker_<r>.log)
     faulthandler.enable(all_threads=True)  # a crash (SIGSEGV, SIGABRT) prints the Python stacks into the log too
@@ -50,7 +50,7 @@ def write_rank_pid(run_dir: str, rank: int) -> None:
     def exited():
         if os.getpid() == pid:  # (not in a forked child that inherited the handler)
             try:
-                os.replace(alive, os.path.join(d, f"rank_{rank}.exit"))
+                os.replace(marker, os.path.join(d, f"rank_{rank}.exit"))
             except OSError:
                 pass
 
@@ -76,7 +76,7 @@ def wait_for_rank_zero(poll: float = 0.1) -> None:
     seen to die of SIGSEGV now and then on a busy machine, and msrun then stops every other worker; its cluster
     finalisation does not reliably wait for rank 0 (seen in CI: rank 1 died while rank 0 still evaluated). A rank
     that leaves only after rank 0's summary cannot take down a run that has not been summarised (the launcher
-    accepts such a crash once the run has ended: :func:`_crash_after_the_run`). A no-op outside a job, on rank 0."""
+    accepts such a crash once the run has ended: :func:`.launcher._crash_after_the_run`). A no-op outside a job, on rank 0."""
     if _job is None or _job[1] == 0:
         return
     run_dir, _, started = _job

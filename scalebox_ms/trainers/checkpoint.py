@@ -344,8 +344,9 @@ def read_sidecar(prefix: str) -> dict:
     return sidecar
 
 
-def verify_checkpoint(prefix: str) -> dict:
-    """Check the sidecar and the hashes of the files it covers (without loading them); returns the sidecar."""
+def verify_checkpoint(prefix: str, check_replay: bool = True) -> dict:
+    """Check the sidecar and the hashes of the files it covers (without loading them); returns the sidecar.
+    ``check_replay=False``: not the replay buffer's file (a run with ``run.save_replay: false`` does without it)."""
     sidecar = read_sidecar(prefix)
     ckpt = prefix + ".ckpt"
     if not os.path.exists(ckpt):
@@ -353,20 +354,24 @@ def verify_checkpoint(prefix: str) -> dict:
     if sha256_file(ckpt) != sidecar["ckpt_sha256"]:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: its SHA-256 does not match the sidecar")
     for key, what, ext in (("env_state", "env state", ".env.pkl"), ("replay_state", "replay buffer", ".replay.npz")):
-        info = sidecar.get(key)
-        if info:  # (found from the prefix, as the .ckpt is: a checkpoint's files renamed together load)
-            path = prefix + ext
-            if not isinstance(info, dict) or not os.path.exists(path) or sha256_file(path) != info.get("sha256"):
-                raise CheckpointError(f"checkpoint {what} {path} is missing or corrupt")
+        if sidecar.get(key) and not _intact(prefix, sidecar, key, ext) and (check_replay or key != "replay_state"):
+            raise CheckpointError(f"checkpoint {what} {prefix + ext} is missing or corrupt")
     return sidecar
 
 
-def newest_intact(directory: str) -> Tuple[Optional[str], Dict[str, str]]:
+def _intact(prefix: str, sidecar: dict, key: str, ext: str) -> bool:
+    """The file of the sidecar's ``key`` exists and has its SHA-256 (found from the prefix, as the .ckpt is: a
+    checkpoint's files renamed together load)."""
+    info, path = sidecar.get(key), prefix + ext
+    return isinstance(info, dict) and os.path.exists(path) and sha256_file(path) == info.get("sha256")
+
+
+def newest_intact(directory: str, check_replay: bool = True) -> Tuple[Optional[str], Dict[str, str]]:
     """The newest checkpoint in ``directory`` that verifies, and {prefix: why} for the newer ones that do not."""
     broken: Dict[str, str] = {}
     for prefix in reversed(list_checkpoints(directory)):
         try:
-            verify_checkpoint(prefix)
+            verify_checkpoint(prefix, check_replay)
         except CheckpointError as exc:
             broken[prefix] = str(exc)
             continue
@@ -374,14 +379,17 @@ def newest_intact(directory: str) -> Tuple[Optional[str], Dict[str, str]]:
     return None, broken
 
 
-def read_checkpoint(path: str, replay: bool = True) -> Dict:
-    """Load and verify a checkpoint; returns {'prefix', 'sidecar', 'tensors' (name -> numpy), 'env', 'replay'}.
+def read_checkpoint(path: str, replay: bool = True, check_replay: bool = True) -> Dict:
+    """Load and verify a checkpoint; returns {'prefix', 'sidecar', 'tensors' (name -> numpy), 'env', 'replay',
+    'replay_lost'}.
 
-    ``replay=False``: the replay buffer's file is verified but not read (``'replay'`` is None)."""
+    ``replay=False``: the replay buffer's file is verified but not read (``'replay'`` is None). ``check_replay=False``
+    (a run with ``run.save_replay: false``): a missing or corrupt replay file is no error; ``'replay'`` is then None
+    and ``'replay_lost'`` True."""
     import mindspore as ms
 
     prefix = resolve_checkpoint(path)
-    sidecar = verify_checkpoint(prefix)
+    sidecar = verify_checkpoint(prefix, check_replay)
     ckpt = prefix + ".ckpt"
     try:
         params = ms.load_checkpoint(ckpt)
@@ -393,12 +401,15 @@ def read_checkpoint(path: str, replay: bool = True) -> Dict:
         with open(prefix + ".env.pkl", "rb") as f:
             env = pickle.loads(f.read())  # hash-verified file written by write_checkpoint
     arrays = None
-    if sidecar.get("replay_state") and replay:
+    lost = bool(sidecar.get("replay_state")) and not check_replay and not _intact(prefix, sidecar, "replay_state",
+                                                                                  ".replay.npz")
+    if sidecar.get("replay_state") and replay and not lost:
         import numpy as np
 
         with np.load(prefix + ".replay.npz", allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    return {"prefix": prefix, "sidecar": sidecar, "tensors": tensors, "env": env, "replay": arrays}
+    return {"prefix": prefix, "sidecar": sidecar, "tensors": tensors, "env": env, "replay": arrays,
+            "replay_lost": lost}
 
 
 def prune_checkpoints(directory: str, keep: int) -> None:

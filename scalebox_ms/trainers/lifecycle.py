@@ -25,20 +25,29 @@ RESUMABLE_KEYS = ("run.total_steps", "run.progress", "run.checkpoint_every", "ru
                   "parallel.hang_timeout")
 
 
-def select_checkpoint(run_dir: str, chosen: Optional[str]) -> Optional[str]:
-    """The checkpoint ``--resume run_dir [--checkpoint chosen]`` continues from (verified), or None when the run
-    has none yet. A corrupt latest checkpoint is refused, naming the newest intact one."""
+def select_checkpoint(run_dir: str, chosen: Optional[str], check_replay: bool = True) -> Optional[str]:
+    """The checkpoint ``--resume run_dir [--checkpoint chosen]`` continues from (verified; the replay buffer's file
+    only with ``check_replay``: the run's ``run.save_replay``), or None when the run has none yet. A corrupt latest
+    checkpoint is refused, naming the newest intact one."""
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     if chosen is not None:
         prefix = resolve_checkpoint(chosen)
         if os.path.realpath(os.path.dirname(prefix)) != os.path.realpath(ckpt_dir):
             raise ConfigError(f"--checkpoint {chosen}: not one of {run_dir}'s checkpoints (in {ckpt_dir})")
-        verify_checkpoint(prefix)
+        try:
+            verify_checkpoint(prefix, check_replay)
+        except CheckpointError:
+            if _only_replay_lost(prefix):
+                raise CheckpointError(f"--checkpoint {chosen}: {_replay_lost(prefix)}") from None
+            raise
         return prefix
-    prefix, broken = newest_intact(ckpt_dir) if os.path.isdir(ckpt_dir) else (None, {})
+    prefix, broken = newest_intact(ckpt_dir, check_replay) if os.path.isdir(ckpt_dir) else (None, {})
     if not broken:
         return prefix
     latest = next(iter(broken))  # (newest_intact fills it newest first)
+    if _only_replay_lost(latest):
+        older = f"; or go back to the newest intact checkpoint: --checkpoint {prefix}.json" if prefix else ""
+        raise CheckpointError(f"--resume {run_dir}: {_replay_lost(latest)}{older}")
     why = broken[latest]
     if prefix is None:
         raise CheckpointError(f"--resume {run_dir}: no intact checkpoint (latest: {why}); start a new run from "
@@ -47,6 +56,21 @@ def select_checkpoint(run_dir: str, chosen: Optional[str]) -> Optional[str]:
     raise CheckpointError(f"--resume {run_dir}: the latest checkpoint {os.path.basename(latest)} is unusable "
                           f"({why}); the newest intact one is {os.path.basename(prefix)}: continue from it with "
                           f"--checkpoint {prefix}.json")
+
+
+def _only_replay_lost(prefix: str) -> bool:
+    """Whether the checkpoint is intact but for its replay buffer's file."""
+    try:
+        verify_checkpoint(prefix, check_replay=False)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _replay_lost(prefix: str) -> str:
+    name = os.path.basename(prefix)
+    return (f"{name}.replay.npz (its replay buffer) is missing or corrupt; to continue from {name} with an empty "
+            "buffer that refills (not bit-identical), set run.save_replay: false in the run's config.yaml")
 
 
 def discard_newer(run_dir: str, step: int, log) -> None:

@@ -240,7 +240,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
             from ..config import load_config
 
             cfg = load_config(cfg_path)
-            prefix = select_checkpoint(run_dir, checkpoint)
+            prefix = select_checkpoint(run_dir, checkpoint, check_replay=bool(cfg.run.save_replay))
             if prefix is not None:
                 check_config_unchanged(run_dir, prefix, read_sidecar(prefix)["config"], cfg.to_dict())
             elif first_rank:

@@ -210,7 +210,8 @@ def load(trainer, path: str, replay: bool = True):
     buffer's contents) from a checkpoint."""
     from .checkpoint import read_checkpoint
 
-    ck = read_checkpoint(path, replay=replay)
+    # (a run that writes no replay does without one: a missing or damaged replay file is not fatal there)
+    ck = read_checkpoint(path, replay=replay, check_replay=bool(trainer.config.run.save_replay))
     sc, tensors = ck["sidecar"], ck["tensors"]
     algo = (sc.get("config") or {}).get("algo", "ppo")
     if algo != trainer.algo:  # (the first difference the checks below found was an env or policy key)
@@ -274,6 +275,10 @@ def load(trainer, path: str, replay: bool = True):
         if replay and sc.get("replay_saved") is False and sc.get("replay_size"):
             trainer.log.warning("checkpoint was saved without its replay buffer (run.save_replay: false): the buffer "
                                 "starts empty (training resumed from here refills it)")
+        elif replay and ck["replay_lost"]:
+            trainer.log.warning(f"checkpoint {os.path.basename(ck['prefix'])}: its replay buffer file is missing or "
+                                "corrupt; with run.save_replay: false the buffer starts empty (training resumed from "
+                                "here refills it)")
     if c.obs_normalizer is not None and sc.get("obs_normalizer"):
         c.obs_normalizer.load_state_dict(sc["obs_normalizer"])
     if c.reward_scaler is not None and sc.get("reward_scaler"):
