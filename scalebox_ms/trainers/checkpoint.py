@@ -354,7 +354,7 @@ def verify_checkpoint(prefix: str, check_replay: bool = True) -> dict:
     if sha256_file(ckpt) != sidecar["ckpt_sha256"]:
         raise CheckpointError(f"checkpoint {ckpt} is corrupt: its SHA-256 does not match the sidecar")
     for key, what, ext in (("env_state", "env state", ".env.pkl"), ("replay_state", "replay buffer", ".replay.npz")):
-        if sidecar.get(key) and not _intact(prefix, sidecar, key, ext) and (check_replay or key != "replay_state"):
+        if (check_replay or key != "replay_state") and sidecar.get(key) and not _intact(prefix, sidecar, key, ext):
             raise CheckpointError(f"checkpoint {what} {prefix + ext} is missing or corrupt")
     return sidecar
 
