@@ -175,6 +175,9 @@ def route_sigint_around_mindspore() -> None:
     def wait():
         while True:
             signal.sigwait({signal.SIGINT})
-            _thread.interrupt_main(signal.SIGINT)
+            # (not once the main thread is done: the command's work is over, and a KeyboardInterrupt raised into
+            # Python's exit, MindSpore's clean-up in atexit, printed a traceback after "wrote ...")
+            if threading.main_thread().is_alive():
+                _thread.interrupt_main(signal.SIGINT)
 
     threading.Thread(target=wait, name="scalebox-sigint", daemon=True).start()

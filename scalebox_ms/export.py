@@ -25,6 +25,8 @@ import contextlib
 import json
 import os
 import re
+import secrets
+import shutil
 from typing import Optional
 
 from .errors import ConfigError
@@ -142,7 +144,9 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     directory = os.path.dirname(os.path.abspath(output))
     if os.path.isdir(output):
         raise ConfigError(f"--output {output}: is a directory")
-    tmp_name = re.sub(r"[^0-9A-Za-z_.-]", "_", f".tmp-{os.path.basename(output)[:-7]}-{os.getpid()}")
+    _refuse_split_mindir(cell, output)
+    # (not the output's name: one near the file system's 255-byte limit is legal, its temporary name would not be)
+    tmp_name = f".tmp-export-{os.getpid()}-{secrets.token_hex(4)}"
     tmp_prefix = os.path.join(directory, tmp_name)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -159,8 +163,10 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
             exc.strerror or exc
         raise ConfigError(f"--output {output}: cannot write ({reason})") from None
     finally:
-        if os.path.exists(tmp_prefix + ".mindir"):
-            os.unlink(tmp_prefix + ".mindir")
+        for leftover in (tmp_prefix + ".mindir", tmp_prefix + "_graph.mindir"):  # (the second: a split export's)
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+        shutil.rmtree(tmp_prefix + "_variables", ignore_errors=True)
     try:  # the sidecar, or no file at all: a .mindir without it cannot be run (MindIRPolicy needs the sidecar)
         sidecar = _sidecar(trainer, output, encoder, spec, quant_info, source)
         atomic_write_json(sidecar_path(output), sidecar)
@@ -189,6 +195,20 @@ def _check_keys(space) -> None:
     elif isinstance(space, spaces.Tuple):
         for sub in space.spaces:
             _check_keys(sub)
+
+
+def _refuse_split_mindir(cell, output: str) -> None:
+    """MindSpore writes a model whose parameters exceed ``TOTAL_SAVE`` KiB (1 GiB in 2.10) as a graph file and a
+    folder of variables instead of one ``.mindir``; the export here (one file, hashed in its sidecar, renamed into
+    place) and :class:`MindIRPolicy` handle one file only: refuse before compiling, in one line."""
+    from mindspore.train import serialization
+
+    limit = getattr(serialization, "TOTAL_SAVE", 1024 * 1024) * 1024
+    size = sum(p.data.nbytes for p in cell.get_parameters())
+    if size > limit:
+        raise ConfigError(f"--output {output}: the policy's parameters take {size / 2**30:.2f} GiB; MindSpore writes "
+                          f"a MindIR over {limit / 2**30:g} GiB as a graph file and a folder of variables, which "
+                          "scalebox_ms's export (one file and its sidecar) does not support: export a smaller policy")
 
 
 @contextlib.contextmanager

@@ -37,7 +37,8 @@ def staged_path(path: str) -> Iterator[str]:
     # the extension, also of a name that is only an extension ('.ckpt': splitext sees none; MindSpore's writer then
     # appends its own and the temporary file stays empty)
     suffix = name[name.rfind("."):] if "." in name else ""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", suffix=suffix, dir=directory)
+    # (the name's start only: a name near the file system's 255-byte limit is legal, its temporary one would not be)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + name[:100] + "-", suffix=suffix, dir=directory)
     os.close(fd)
     try:
         yield tmp

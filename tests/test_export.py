@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from conftest import run_module, small_config
+from conftest import REPO, run_module, small_config
 from scalebox_ms.errors import ConfigError
 from scalebox_ms.export import export_mindir, sidecar_path
 from scalebox_ms.trainers import PPOTrainer
@@ -332,6 +332,54 @@ def test_an_export_whose_sidecar_cannot_be_written_leaves_nothing(cartpole, tmp_
     (tmp_path / "afile").write_text("")
     with pytest.raises(ConfigError, match=r"afile/x.mindir: cannot write \(Not a directory\)$"):
         export.export_mindir(cartpole, str(tmp_path / "afile" / "x.mindir"))
+
+
+@pytest.mark.integration
+def test_an_output_name_near_the_file_system_limit_exports(cartpole, tmp_path):
+    """A 247-character name (its sidecar 252, both legal) was refused "File name too long": the temporary files'
+    names carried the output's name plus a suffix."""
+    name = "a" * 240 + ".mindir"
+    export_mindir(cartpole, str(tmp_path / name))
+    assert sorted(os.listdir(tmp_path)) == [name, name + ".json"]
+
+
+def test_a_policy_over_mindspores_single_file_limit_is_refused_before_anything_is_written(cartpole, tmp_path,
+                                                                                             monkeypatch):
+    """Over 1 GiB of parameters MindSpore writes a graph file and a folder of variables instead of one .mindir: the
+    export failed with "cannot write (No such file or directory)" and left both behind (1.1 GB for a 268M-parameter
+    policy). Here MindSpore's limit is lowered to 1 KiB."""
+    from mindspore.train import serialization
+
+    monkeypatch.setattr(serialization, "TOTAL_SAVE", 1)
+    with pytest.raises(ConfigError, match=r"^--output .*p\.mindir: the policy's parameters take 0\.00 GiB; MindSpore "
+                                          r"writes a MindIR over 9\.5367\d*e-07 GiB as a graph file and a folder of "
+                                          "variables, which scalebox_ms's export .* does not support"):
+        export_mindir(cartpole, str(tmp_path / "out" / "p.mindir"))
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+
+
+def test_ctrl_c_after_the_command_is_done_prints_no_traceback(tmp_path):
+    """Ctrl-C while Python exits (MindSpore's clean-up in atexit takes up to a second after "wrote ..."): the routing
+    thread raised it into an atexit callback, which printed a KeyboardInterrupt traceback."""
+    script = tmp_path / "late.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, os, signal, time
+        import scalebox_ms
+        scalebox_ms.route_sigint_around_mindspore()
+
+        def cleanup():  # (as MindSpore's: runs after the main thread is done)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+            print("clean-up done", flush=True)
+        atexit.register(cleanup)
+        print("wrote it", flush=True)
+    """))
+    from conftest import as_from_a_terminal
+
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                       preexec_fn=as_from_a_terminal, env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 0 and r.stdout.split() == ["wrote", "it", "clean-up", "done"], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr[-2000:]
 
 
 def test_export_refuses_missing_run_and_evaluate_missing_file(tmp_path):
