@@ -23,7 +23,7 @@
    by ``scale`` before differentiation, gradients are divided by it, and if any gradient is not finite the
    optimizer step is **skipped** (parameters and Adam state untouched) and the scale multiplied by
    ``backoff_factor`` (never below 1). After ``growth_interval`` consecutive finite steps the scale is multiplied
-   by ``growth_factor``. Scale, clean-step counter and skipped-step count are Parameters: they live in the
+   by ``growth_factor``, unless that would overflow float32 (the scale then stays). Scale, clean-step counter and skipped-step count are Parameters: they live in the
    checkpoint and are the same on every data-parallel rank (the finite check runs after the gradient
    all-reduce).
 
@@ -154,7 +154,10 @@ def update_scale(scale, good_steps, skipped, finite, amp: AutoMixedPrecision):
     zero = ops.zeros((), ms.int32)
     good = ops.select(finite, good_steps + one, zero)
     grow = good >= amp.growth_interval
-    grown = ops.select(grow, scale * amp.growth_factor, scale)
+    larger = scale * amp.growth_factor
+    # (never to infinity: inf x backoff_factor is inf, the scale would stay there, and every step after would be
+    # skipped or, unscaled as inf / inf, non-finite; PyTorch's GradScaler grows only to a finite scale too)
+    grown = ops.select(grow & ops.isfinite(larger), larger, scale)
     backed = ops.maximum(scale * amp.backoff_factor, 1.0)
     new_scale = ops.select(finite, grown, backed)
     new_good = ops.select(grow, zero, good)

@@ -240,7 +240,8 @@ def _check_parallel(cfg: Config) -> None:
             _check(per_rank % k == 0, "parallel.gradient_accumulation",
                    f"({k}) must divide the per-rank minibatch ppo.batch_size / parallel.workers ({per_rank})")
     elif par.micro_batch_size is not None or par.gradient_accumulation > 1:
-        raise ConfigError("parallel.gradient_accumulation: needs a fixed ppo.batch_size, not 'auto'")
+        key = "parallel.micro_batch_size" if par.micro_batch_size is not None else "parallel.gradient_accumulation"
+        raise ConfigError(f"{key}: needs a fixed ppo.batch_size, not 'auto'")
 
 
 def _atari_frames(e: EnvConfig) -> bool:

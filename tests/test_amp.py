@@ -68,6 +68,15 @@ def test_scale_grows_after_the_interval_and_never_drops_below_one():
     assert int(step.skipped_steps.asnumpy()) == 3
 
 
+def test_the_scale_never_grows_to_infinity():
+    """A growth past float32's range made the scale inf, where backing off (inf x 0.5) left it: every later step was
+    skipped (DQN completed having learned nothing, silently) or its loss non-finite (PPO stopped, blaming the
+    env's scale)."""
+    _, step = _step(init_scale=8.0, growth_interval=1, growth_factor=3e38)  # (2.4e39 is beyond float32: inf)
+    scales = [float(step(*_batch(seed=i), *SCALARS).asnumpy()[8]) for i in range(3)]
+    assert scales == [8.0] * 3 and int(step.skipped_steps.asnumpy()) == 0
+
+
 @pytest.mark.parametrize("level", ["O1", "O2", "O3"])
 def test_amp_step_matches_fp32_within_half_precision(level):
     """Loss and Adam's first moment are unscaled: they match the float32 step to fp16 accuracy, not 1024x off."""

@@ -806,6 +806,27 @@ def test_dqn_host_acting_true_under_amp_acts_with_the_graph_and_says_so(caplog):
         t.close()
 
 
+@pytest.mark.parametrize("choice", ["auto", True])
+def test_dqn_host_acting_on_native_compiled_envs_says_it_is_not_used(caplog, choice):
+    """The compiled native cycle acts inside its graph: auto used to log "numpy copy" and true said nothing, though
+    the copy never acted."""
+    import logging
+
+    from scalebox_ms.trainers import make_trainer
+
+    with caplog.at_level(logging.INFO):
+        t = make_trainer(_native(dqn_config(host_acting=choice)))
+    try:
+        assert t.native_cycle is not None and t.host_q is None
+        said = [r for r in caplog.records if r.getMessage().startswith("dqn.host_acting")]
+        assert [r.getMessage() for r in said] == [f"dqn.host_acting {'auto' if choice == 'auto' else 'true'}: not "
+                                                  "used (env.backend native with env.compiled_rollout: the actions "
+                                                  "are taken inside the training cycle's graph)"]
+        assert said[0].levelno == (logging.INFO if choice == "auto" else logging.WARNING)
+    finally:
+        t.close()
+
+
 @pytest.mark.parametrize("algo, env_id", [("sac", "Pendulum-v1"), ("dqn", "CartPole-v1")])
 def test_native_cycle_matches_stepping_the_native_env(algo, env_id):
     """env.backend native: a whole phase (acting, env steps, replay add, gradient steps) is one graph call. Its

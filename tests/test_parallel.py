@@ -46,6 +46,10 @@ def _rows(path):
     ({"parallel": {"workers": 2}, "ppo": {"batch_size": "auto"}}, "ppo.batch_size"),
     ({"parallel": {"hang_timeout": -1}}, "parallel.hang_timeout"),
     ({"parallel": {"hang_timeout": 0}}, None),
+    ({"parallel": {"micro_batch_size": 32}, "ppo": {"batch_size": "auto"}},
+     "^parallel.micro_batch_size: needs a fixed ppo.batch_size"),  # (it named gradient_accumulation, not set)
+    ({"parallel": {"gradient_accumulation": 2}, "ppo": {"batch_size": "auto"}},
+     "^parallel.gradient_accumulation: needs a fixed ppo.batch_size"),
 ])
 def test_parallel_config_validation(section, msg):
     data = {"env": {"num_envs": 8}, "ppo": {"n_steps": 32, "batch_size": 64}}

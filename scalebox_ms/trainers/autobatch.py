@@ -10,7 +10,8 @@ without probing again.
 If an update step fails with a device out-of-memory error, the trainer halves the size (while it still
 divides the rollout and stays >= ``min_batch``), restores the state from the start of that update and redoes
 it. Timing-based choices differ between machines and runs: to reproduce a run bit for bit, set the recorded
-size explicitly.
+size explicitly, with ``ppo.update_kernel: builtin`` (the size is probed and trained with the compiled update graph;
+``auto`` may pick the C++ kernel for a fixed size, which rounds differently).
 """
 from __future__ import annotations
 

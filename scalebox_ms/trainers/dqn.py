@@ -159,6 +159,12 @@ class DQNTrainer(OffPolicyTrainer):
             self.host_q = None
             if choice == "auto":
                 self.log.info("dqn.host_acting auto: compiled graph (image observations: a NatureCNN Q-network)")
+        elif self.native_cycle is not None:  # native envs, compiled: the cycle's graph acts, no per-step call
+            self.host_q = None
+            if choice is not False:
+                log = self.log.info if choice == "auto" else self.log.warning
+                log("dqn.host_acting %s: not used (env.backend native with env.compiled_rollout: the actions are "
+                    "taken inside the training cycle's graph)", "auto" if choice == "auto" else "true")
         elif self.amp is not None:  # the numpy copy computes in float32: it would not act as the graph does
             self.host_q = None
             if choice is not False:  # (true: a warning, not a refusal, so that such a run still resumes/evaluates)
