@@ -23,9 +23,9 @@
    by ``scale`` before differentiation, gradients are divided by it, and if any gradient is not finite the
    optimizer step is **skipped** (parameters and Adam state untouched) and the scale multiplied by
    ``backoff_factor`` (never below 1). After ``growth_interval`` consecutive finite steps the scale is multiplied
-   by ``growth_factor``, unless that would overflow float32 (the scale then stays). Scale, clean-step counter and skipped-step count are Parameters: they live in the
-   checkpoint and are the same on every data-parallel rank (the finite check runs after the gradient
-   all-reduce).
+   by ``growth_factor``, unless that would overflow float32 (the scale then stays). Scale, clean-step counter and
+   skipped-step count are Parameters: they live in the checkpoint and are the same on every data-parallel rank (the
+   finite check runs after the gradient all-reduce).
 
    The finite check is ``mindspore.amp.all_finite`` (:func:`all_finite`), which runs inside the compiled update
    graph on CPU, GPU and Ascend (on Ascend it reads the device's overflow status). MindSpore's

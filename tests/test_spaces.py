@@ -523,7 +523,8 @@ def test_custom_env_module_trains_from_the_cli(tmp_path, monkeypatch):
     r = run_module("train", "--config", os.path.join(REPO, "configs", "ppo_corridor.yaml"), "--run-dir",
                    tmp_path / "run", "--set", "run.total_steps=8192", "--no-progress")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "registered without an episode step limit" not in r.stderr  # (the example registers its TimeLimit: a pattern to copy)
+    # (the example registers its TimeLimit: a pattern to copy)
+    assert "registered without an episode step limit" not in r.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["eval_mean_return"] >= 0.9  # the best return is 0.93
 

@@ -76,7 +76,8 @@ def wait_for_rank_zero(poll: float = 0.1) -> None:
     seen to die of SIGSEGV now and then on a busy machine, and msrun then stops every other worker; its cluster
     finalisation does not reliably wait for rank 0 (seen in CI: rank 1 died while rank 0 still evaluated). A rank
     that leaves only after rank 0's summary cannot take down a run that has not been summarised (the launcher
-    accepts such a crash once the run has ended: :func:`.launcher._crash_after_the_run`). A no-op outside a job, on rank 0."""
+    accepts such a crash once the run has ended: :func:`.launcher._crash_after_the_run`). A no-op outside a job,
+    on rank 0."""
     if _job is None or _job[1] == 0:
         return
     run_dir, _, started = _job
