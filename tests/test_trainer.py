@@ -305,7 +305,7 @@ def test_evaluation_episodes_of_an_env_without_a_step_limit_end(caplog, monkeypa
     with caplog.at_level(logging.INFO, logger="scalebox_ms"):
         returns = run_episodes("CliffWalking-v1", None, up, episodes=2)
     assert returns == [-float(EVAL_MAX_EPISODE_STEPS)] * 2
-    assert "no episode step limit" in caplog.text and "env.kwargs.max_episode_steps" in caplog.text
+    assert "registered without an episode step limit" in caplog.text and "env.kwargs.max_episode_steps" in caplog.text
     calls.clear()
     assert run_episodes("CliffWalking-v1", {"max_episode_steps": 30}, up, episodes=3) == [-30.0] * 3
     calls.clear()  # -1, gymnasium's "no TimeLimit": capped too (it hung)
