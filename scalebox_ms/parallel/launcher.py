@@ -237,13 +237,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, timeout: float,
            f"--cluster_time_out={int(max(1, timeout))}", "--tail_worker_log=0",
            "python", "-m", "scalebox_ms.train"] + list(worker_args)
     env = msrun_env(os.environ)
-    stream.write(f"launching {workers} msrun workers on 127.0.0.1:{port}; logs in {log_dir}\n")
-    stream.flush()
     t0 = time.time()
     main = threading.current_thread() is threading.main_thread()
-    # (before msrun exists)
-    signals = _Signals(log_dir, workers, stream)
-    old = {s: signal.signal(s, signals) for s in _stopping_signals()} if main else {}
     proc = None
     console = Console(os.path.join(log_dir, LAUNCHER_LOG))
     dead_pid = dead_code = None
@@ -255,7 +250,13 @@ def launch(worker_args: List[str], workers: int, run_dir: str, timeout: float,
         for text in lines:
             stream.write(text)
             ended_open[0] = not text.endswith("\n") if text else ended_open[0]
+
+    # (before the first line the user sees, and before msrun exists: a signal then stops the launch cleanly)
+    signals = _Signals(log_dir, workers, stream)
+    old = {s: signal.signal(s, signals) for s in _stopping_signals()} if main else {}
     try:
+        stream.write(f"launching {workers} msrun workers on 127.0.0.1:{port}; logs in {log_dir}\n")
+        stream.flush()
         # (a signal's handler run in the fork's after-fork hooks raised into them, and its exception was lost: the
         # job ran on; blocked, it comes once msrun has started, and stops it)
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, old) if main else None
