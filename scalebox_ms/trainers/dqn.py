@@ -155,23 +155,23 @@ class DQNTrainer(OffPolicyTrainer):
         from ..config_offpolicy import HOST_ACTING_MAX_MACS
 
         choice = self.config.dqn.host_acting
-        if self.learner.features is not None:  # the numpy copy is an MLP: a CNN Q-network acts in the graph
-            self.host_q = None
-            if choice == "auto":
-                self.log.info("dqn.host_acting auto: compiled graph (image observations: a NatureCNN Q-network)")
+        # where the graph acts whatever dqn.host_acting says (true: a warning, not a refusal, so that such a run
+        # still resumes and evaluates; images refuse true before this)
+        if self.learner.features is not None:  # the numpy copy is an MLP
+            graph_acts = "compiled graph (image observations: a NatureCNN Q-network)"
         elif self.native_cycle is not None:  # native envs, compiled: the cycle's graph acts, no per-step call
+            graph_acts = ("not used (env.backend native with env.compiled_rollout: the actions are taken inside the "
+                          "training cycle's graph)")
+        elif self.amp is not None:  # the numpy copy computes in float32: it would not act as the graph does
+            graph_acts = (f"compiled graph (amp.level {self.config.amp.level}: the Q-network computes in "
+                          f"{self.config.amp.dtype}; the numpy copy would act in float32)")
+        else:
+            graph_acts = None
+        if graph_acts is not None:
             self.host_q = None
             if choice is not False:
-                log = self.log.info if choice == "auto" else self.log.warning
-                log("dqn.host_acting %s: not used (env.backend native with env.compiled_rollout: the actions are "
-                    "taken inside the training cycle's graph)", "auto" if choice == "auto" else "true")
-        elif self.amp is not None:  # the numpy copy computes in float32: it would not act as the graph does
-            self.host_q = None
-            if choice is not False:  # (true: a warning, not a refusal, so that such a run still resumes/evaluates)
-                log = self.log.info if choice == "auto" else self.log.warning
-                log("dqn.host_acting %s: compiled graph (amp.level %s: the Q-network computes in %s; the numpy copy "
-                    "would act in float32)", "auto" if choice == "auto" else "true", self.config.amp.level,
-                    self.config.amp.dtype)
+                (self.log.info if choice == "auto" else self.log.warning)(
+                    "dqn.host_acting %s: %s", "auto" if choice == "auto" else "true", graph_acts)
         else:
             host = HostQNetwork(self.learner.q.q_net)
             use = choice is True or (choice == "auto" and host.macs <= HOST_ACTING_MAX_MACS)
