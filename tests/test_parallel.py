@@ -675,6 +675,67 @@ def test_dead_workers_are_gone_pids_without_their_exit_marker(tmp_path):
     zombie.wait()
 
 
+def test_a_new_launch_clears_the_previous_ones_markers(tmp_path):
+    """A resumed run's previous job left ``rank_<r>.stoppable``: the new ranks looked stoppable (signals forwarded)
+    as soon as they wrote their pids, before their stoppers were installed."""
+    from scalebox_ms.parallel.launcher import _clear_previous_launch
+    from scalebox_ms.parallel.ranks import stoppable_ranks
+
+    for rank in (0, 1):
+        for marker in ("pid", "exit", "beat", "stoppable"):
+            (tmp_path / f"rank_{rank}.{marker}").write_text(str(os.getpid()))
+    (tmp_path / "scheduler.port_taken").write_text("")
+    _clear_previous_launch(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == []
+    for rank in (0, 1):  # the new job's ranks, running, not yet stoppable
+        (tmp_path / f"rank_{rank}.pid").write_text(str(os.getpid()))
+        (tmp_path / f"rank_{rank}.alive").write_text("")
+    assert stoppable_ranks(str(tmp_path), 2) is None
+
+
+def test_the_scheduler_reports_its_port_taken_only_when_another_process_holds_it(tmp_path):
+    import socket
+
+    from scalebox_ms.parallel.ranks import LOG_DIR_ENV, report_port_taken
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {LOG_DIR_ENV: str(tmp_path), "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(port)}
+        assert report_port_taken({**env, LOG_DIR_ENV: ""}) is False  # (not under the launcher: nothing to tell)
+        assert report_port_taken(env) is True and (tmp_path / "scheduler.port_taken").exists()
+    (tmp_path / "scheduler.port_taken").unlink()
+    assert report_port_taken(env) is False and not (tmp_path / "scheduler.port_taken").exists()  # (free now)
+
+
+@pytest.mark.integration
+def test_a_scheduler_port_taken_before_msrun_binds_it_launches_again_on_another(tmp_path):
+    """Another process took the port between free_port() and msrun's scheduler: the workers waited out
+    parallel.timeout (300 s) for the scheduler, then the job failed with ~70 lines of tracebacks."""
+    script = textwrap.dedent(f"""
+        import socket, sys
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        import scalebox_ms.parallel.launcher as launcher
+        free_port, first = launcher.free_port, [held.getsockname()[1]]
+        launcher.free_port = lambda: first.pop() if first else free_port()
+        from scalebox_ms import train
+        sys.exit(train.main(["--workers", "2", "--total-steps", "128", "--run-dir", {str(tmp_path / "run")!r},
+                             "--set", "parallel.timeout=90", *{DP_ARGS!r}]))
+    """)
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                       timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("launching 2 msrun workers") and "was taken by another process" in lines[1], lines
+    assert lines[2].startswith("launching 2 msrun workers") and "Traceback" not in r.stderr, lines
+    assert json.loads(r.stdout)["status"] == "completed" and time.time() - t0 < 90
+
+
 @pytest.mark.integration
 def test_a_users_own_msrun_line_is_detected(tmp_path):
     """msrun started by the user (no --workers): every process detects its role, the world size is taken from msrun

@@ -28,7 +28,13 @@ def serve_as_scheduler() -> None:
     os.environ.setdefault("GLOG_v", "3")
     from mindspore.communication import init
 
-    init()
+    try:
+        init()
+    except RuntimeError:
+        from .ranks import report_port_taken
+
+        report_port_taken()  # (another process took its port: the launcher starts the job again on another)
+        raise
 
 
 def local_rank(environ=None) -> int:

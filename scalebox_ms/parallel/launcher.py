@@ -51,8 +51,8 @@ from typing import List, Optional
 
 from ..errors import Interrupted
 from .msrun_output import LAUNCHER_LOG, RANK_PID_DIR, Console, how_it_ended, worker_error
-from .ranks import (STACK_SIGNAL, alive, children, dead_workers, rank_of_pid, rank_pids, stalled_workers,
-                    stoppable_ranks)
+from .ranks import (LOG_DIR_ENV, PORT_TAKEN, STACK_SIGNAL, alive, children, dead_workers, rank_of_pid, rank_pids,
+                    stalled_workers, stoppable_ranks)
 
 
 def free_port() -> int:
@@ -129,17 +129,24 @@ def _stop_unless_ended(proc, grace: float) -> None:
         _stop_job(proc)
 
 
-def _watch(proc, log_dir: str, found: list, hung: list, hang_timeout: float = 0.0, interval: float = 0.2) -> None:
+def _watch(proc, log_dir: str, found: list, hung: list, hang_timeout: float = 0.0, interval: float = 0.2,
+           taken: Optional[list] = None) -> None:
     """Until msrun ends: a worker that died (:func:`dead_workers`) ends the job now; msrun alone would wait for its
-    scheduler's heartbeat timeout (~30 s). With ``hang_timeout`` > 0, a job whose ranks all stopped making progress
-    (:func:`stalled_workers`) has its stacks printed into the workers' logs, then is stopped. msrun itself killed
-    (``kill -9``, the OOM killer): its workers, scheduler and log tail, each in a session of its own, are killed
-    too (they trained on unsupervised, and the tail held msrun's output open: the launcher waited for ever)."""
+    scheduler's heartbeat timeout (~30 s). So does a scheduler that found its port taken (:data:`PORT_TAKEN`, noted
+    in ``taken``): its workers would wait for it until msrun's cluster timeout. With ``hang_timeout`` > 0, a job
+    whose ranks all stopped making progress (:func:`stalled_workers`) has its stacks printed into the workers' logs,
+    then is stopped. msrun itself killed (``kill -9``, the OOM killer): its workers, scheduler and log tail, each in
+    a session of its own, are killed too (they trained on unsupervised, and the tail held msrun's output open: the
+    launcher waited for ever)."""
     known, scanned = set(), 0.0
     while proc.poll() is None:
         if time.time() - scanned >= 1.0:  # (msrun's children, while it lives: once it is gone, they are init's)
             known.update(children(proc.pid))
             scanned = time.time()
+        if taken is not None and os.path.exists(os.path.join(log_dir, PORT_TAKEN)):
+            taken.append(True)
+            _stop_job(proc)
+            return
         pids = dead_workers(log_dir)
         if pids:
             found.extend(pids)
@@ -221,22 +228,50 @@ def msrun_env(environ) -> dict:
     return env
 
 
+#: launches of one job whose scheduler found its port taken by another process (each on a new free port)
+PORT_TRIES = 3
+_PORT_TAKEN = -1  # (_launch_once's result then: not an exit code)
+
+
 def launch(worker_args: List[str], workers: int, run_dir: str, timeout: float,
            stream=sys.stderr, hang_timeout: float = 0.0) -> int:
-    """Run ``python -m scalebox_ms.train <worker_args>`` as ``workers`` msrun ranks; returns the exit code."""
-    log_dir = os.path.join(run_dir, RANK_PID_DIR)
+    """Run ``python -m scalebox_ms.train <worker_args>`` as ``workers`` msrun ranks; returns the exit code. Where
+    another process takes the scheduler's port between :func:`free_port` and the scheduler's bind, the job is stopped
+    at once (its workers would wait out ``timeout`` for the scheduler) and launched again on a new port."""
+    ports = []
+    for attempt in range(PORT_TRIES):
+        if attempt:
+            stream.write(f"port {ports[-1]} was taken by another process before msrun's scheduler could listen on "
+                         "it; launching again on another port\n")
+        ports.append(free_port())
+        code = _launch_once(worker_args, workers, run_dir, timeout, stream, hang_timeout, ports[-1])
+        if code != _PORT_TAKEN:
+            return code
+    sys.stderr.write(f"error: data-parallel job did not start: on each of {PORT_TRIES} tries another process took the "
+                     f"scheduler's port ({', '.join(map(str, ports))}) before it could listen on it\n")
+    return 1
+
+
+def _clear_previous_launch(log_dir: str) -> None:
+    """Remove a previous launch's logs and markers (a resumed run's, or a try whose port was taken): a stale
+    ``rank_<r>.stoppable`` made the new ranks look stoppable as soon as they wrote their pids, before they could stop
+    by themselves."""
     os.makedirs(log_dir, exist_ok=True)
-    # a previous launch's files (resume): not this job's
-    for pattern in ("rank_*.pid", "rank_*.alive", "rank_*.beat", "rank_*.exit", "worker_*.log", "scheduler.log",
-                    LAUNCHER_LOG):
+    for pattern in ("rank_*.pid", "rank_*.alive", "rank_*.beat", "rank_*.exit", "rank_*.stoppable", "worker_*.log",
+                    "scheduler.log", PORT_TAKEN, LAUNCHER_LOG):
         for stale in glob.glob(os.path.join(log_dir, pattern)):
             os.unlink(stale)
-    port = free_port()
+
+
+def _launch_once(worker_args: List[str], workers: int, run_dir: str, timeout: float, stream, hang_timeout: float,
+                 port: int) -> int:
+    log_dir = os.path.join(run_dir, RANK_PID_DIR)
+    _clear_previous_launch(log_dir)
     cmd = [msrun_executable(), f"--worker_num={workers}", f"--local_worker_num={workers}",
            "--master_addr=127.0.0.1", f"--master_port={port}", "--join=True", f"--log_dir={log_dir}",
            f"--cluster_time_out={int(max(1, timeout))}", "--tail_worker_log=0",
            "python", "-m", "scalebox_ms.train"] + list(worker_args)
-    env = msrun_env(os.environ)
+    env = {**msrun_env(os.environ), LOG_DIR_ENV: log_dir}  # (for the scheduler's report_port_taken)
     t0 = time.time()
     main = threading.current_thread() is threading.main_thread()
     proc = None
@@ -244,6 +279,7 @@ def launch(worker_args: List[str], workers: int, run_dir: str, timeout: float,
     dead_pid = dead_code = None
     died: list = []  # (filled by the watcher thread)
     hung: list = []  # (rank, pid, seconds silent) of a job stopped as hung (filled by the watcher thread)
+    taken: list = []  # (not empty: the scheduler found its port taken; filled by the watcher thread)
     ended_open = [False]  # what was shown last does not end its line
 
     def shown(lines) -> None:
@@ -268,7 +304,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, timeout: float,
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if signals.stopped is not None:  # (Ctrl-C, routed by a thread of ours, may still come in those hooks)
             raise Interrupted(signals.stopped)
-        threading.Thread(target=_watch, args=(proc, log_dir, died, hung, hang_timeout), daemon=True).start()
+        threading.Thread(target=_watch, args=(proc, log_dir, died, hung, hang_timeout), kwargs={"taken": taken},
+                         daemon=True).start()
         for line in proc.stdout:
             m = re.search(r"Worker process (\d+) exit with exception(?:\. Error code: (-?\d+))?", line)
             if m and dead_pid is None:
@@ -295,6 +332,8 @@ def launch(worker_args: List[str], workers: int, run_dir: str, timeout: float,
         if main:
             for s, handler in old.items():
                 signal.signal(s, handler)
+    if taken:
+        return _PORT_TAKEN
     if rc == 0 and not died and not hung and dead_pid is None:  # (msrun stopped by us after an exception: rc 0)
         stream.writelines(console.held)
         return 0

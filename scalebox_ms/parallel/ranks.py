@@ -6,13 +6,16 @@ exits (success or a reported error: a rank gone without it was killed or crashed
 end of every iteration (:func:`beat`, the launcher's hang watch) and creates ``rank_<r>.stoppable`` once a signal
 stops it at an iteration boundary (:func:`mark_stoppable`: the launcher then forwards Ctrl-C/SIGTERM/SIGHUP to the
 ranks instead of stopping the job at once). On :data:`STACK_SIGNAL` a rank prints its Python stacks into its log.
+msrun's scheduler creates ``scheduler.port_taken`` when another process holds its port (:func:`report_port_taken`).
 """
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
 import signal
+import socket
 import time
 from typing import Dict, List, Optional
 
@@ -20,6 +23,10 @@ from .msrun_output import RANK_PID_DIR
 
 #: a worker prints the Python stack of each of its threads into its log on this signal (``faulthandler``)
 STACK_SIGNAL = signal.SIGUSR1
+#: the launcher names the job's log directory to msrun's scheduler in this variable (for :func:`report_port_taken`)
+LOG_DIR_ENV = "SCALEBOX_MS_MSRUN_LOG_DIR"
+#: created by msrun's scheduler when another process holds its port: the launcher then starts the job again
+PORT_TAKEN = "scheduler.port_taken"
 _beat_marker: Optional[str] = None  # (in a worker: its rank_<r>.beat, touched by beat())
 _job: Optional[tuple] = None  # (in a worker: (run_dir, rank, the time it started), for wait_for_rank_zero())
 
@@ -91,6 +98,29 @@ def wait_for_rank_zero(poll: float = 0.1) -> None:
         except OSError:
             pass
         time.sleep(poll)
+
+
+def report_port_taken(environ=None) -> bool:
+    """In msrun's scheduler, once its cluster failed to start: where its port (``MS_SCHED_PORT``) is held by another
+    process, which took it between the launcher's :func:`~.launcher.free_port` and the scheduler's bind, create
+    :data:`PORT_TAKEN` in the job's log directory (the launcher then launches the job again on another port; its
+    workers would otherwise wait out ``parallel.timeout`` for this scheduler). Returns whether it did."""
+    environ = os.environ if environ is None else environ
+    log_dir, port = environ.get(LOG_DIR_ENV), environ.get("MS_SCHED_PORT", "")
+    if not log_dir or not port.isdigit():
+        return False
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((environ.get("MS_SCHED_HOST") or "127.0.0.1", int(port)))
+        return False  # (free: the cluster failed for another reason)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            return False
+    try:
+        open(os.path.join(log_dir, PORT_TAKEN), "w").close()
+    except OSError:
+        return False
+    return True
 
 
 def stalled_workers(log_dir: str, hang_timeout: float, now: Optional[float] = None) -> List[tuple]:
