@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tiles", type=at_least(1), nargs="+", default=[4, 6, 8])
+    ap.add_argument("--tiles", type=int, choices=range(1, 9), nargs="+", default=[4, 6, 8],
+                    help="rows per register tile (1-8: mlp.h's gemm covers a remainder of up to 7 rows)")
     ap.add_argument("--rounds", type=at_least(1), default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "gemm_tiles.json"))
     args = ap.parse_args()

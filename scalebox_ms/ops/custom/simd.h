@@ -25,6 +25,7 @@ constexpr int kRows = SBX_TILE_ROWS;
 #else
 constexpr int kRows = kNV == 1 ? 8 : (kNV == 2 ? 6 : 4);
 #endif
+static_assert(kRows >= 1 && kRows <= 8, "mlp.h's gemm covers a remainder of at most 7 rows (4 + 2 + 1)");
 typedef float vf __attribute__((vector_size(kVec * sizeof(float))));
 
 #define SBX_INLINE inline __attribute__((always_inline))
