@@ -1,4 +1,4 @@
-"""``python -m scalebox_ms.doctor [--json]``: is this machine ready to run scalebox_ms?
+"""``python -m scalebox_ms.doctor [--json] [--workers N]``: is this machine ready to run scalebox_ms?
 
 Checks, each reported as ``ok`` / ``warn`` / ``fail`` with a detail:
 
@@ -13,6 +13,8 @@ Checks, each reported as ``ok`` / ``warn`` / ``fail`` with a detail:
   computes on the host (DQN's ``host_acting``); the fix is ``OPENBLAS_CORETYPE`` set before Python starts;
 * ``backend:<name>`` for each backend MindSpore reports available: in a fresh subprocess (device settings are
   process-global), compile a small Dense layer's forward + gradient with ``@ms.jit`` and compare it with numpy;
+* with ``--workers N``, ``collective:<name>`` for each backend: an N-rank msrun job whose ranks join with the
+  backend's collective library and check an all-gather and an all-reduce (:func:`collective_check`);
 * on GPU: the CUDA version (``nvidia-smi``); on Ascend: driver and CANN versions from their version files and
   ``npu-smi info``, with a warning when one is missing or when the CANN version is not one this MindSpore build
   supports (the list MindSpore's own Ascend checker carries).
@@ -138,6 +140,59 @@ def msrun_check() -> Dict[str, str]:
                                        "parallelism) cannot start")
 
 
+def collective_check(name: str, workers: int, timeout: float = 180) -> Dict[str, str]:
+    """``collective:<name>`` (``doctor --workers N``): an msrun job of ``workers`` ranks on this machine, as ``train
+    --workers`` starts it, whose ranks join with ``name``'s collective library and check an all-gather and an
+    all-reduce (``scalebox_ms._collective_probe``)."""
+    import glob
+    import tempfile
+    import time
+
+    from .errors import ConfigError
+    from .parallel import launcher
+
+    check = f"collective:{name}"
+    try:
+        msrun = launcher.msrun_executable()
+    except ConfigError as exc:
+        return _check(check, "fail", str(exc))
+    with tempfile.TemporaryDirectory(prefix="scalebox-ms-doctor-") as logs:
+        cmd = [msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
+               f"--master_port={launcher.free_port()}", "--join=True", f"--log_dir={logs}",
+               f"--cluster_time_out={int(timeout)}", "--tail_worker_log=0",
+               "python", "-m", "scalebox_ms._collective_probe", _TARGETS[name]]
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=logs,
+                                env=launcher.msrun_env(os.environ), start_new_session=True)
+        try:
+            proc.wait(timeout=timeout + 30)
+        except subprocess.TimeoutExpired:
+            launcher._stop_job(proc)
+            return _check(check, "fail", f"{workers}-rank msrun job did not finish within {timeout + 30:.0f} s")
+        finally:
+            launcher._stop_job(proc, grace=0)  # (whatever of the job still runs: its ranks, its scheduler)
+        seconds = time.time() - t0
+        found, last = {}, "no output"
+        for path in sorted(glob.glob(os.path.join(logs, "worker_*.log"))):
+            with open(path, errors="replace") as f:
+                lines = [line.strip() for line in f if line.strip()]
+            for line in lines:
+                if line.startswith("{"):
+                    res = json.loads(line)
+                    found[res["rank"]] = res
+            if lines and not any(line.startswith("{") for line in lines):
+                last = f"{os.path.basename(path)}: {lines[-1][:200]}"
+    if sorted(found) != list(range(workers)):
+        return _check(check, "fail", f"{workers}-rank msrun job failed after {seconds:.0f} s ({len(found)} rank(s) "
+                      f"joined; {last}): train --workers cannot run on this backend")
+    backend = found[0]["backend"]
+    if not all(r["ok"] for r in found.values()):
+        return _check(check, "fail", f"{workers} ranks joined over {backend}, but the all-gather or all-reduce gave "
+                      "wrong values")
+    return _check(check, "ok", f"{workers} ranks all-gathered and all-reduced over {backend} ({seconds:.1f} s with "
+                               "msrun's start and stop)")
+
+
 def compiler_check() -> Dict[str, str]:
     """``cxx``: the C++ compiler the kernels build with (``$CXX``, else ``g++``). Without one, the presets' ``auto``
     kernels fall back to MindSpore's ops (logged at each run's start, easy to miss): a warning, not a failure."""
@@ -251,7 +306,7 @@ def gpu_checks() -> List[Dict[str, str]]:
     return [_check("cuda", "ok", f"CUDA {cuda} (driver's nvidia-smi)")]
 
 
-def diagnose() -> Dict:
+def diagnose(workers: int = 0) -> Dict:
     checks = [_check("python", "ok", platform.python_version())]
     ms_version = _version("mindspore")
     if ms_version is None:
@@ -283,6 +338,8 @@ def diagnose() -> Dict:
     checks.append(_check("devices", "ok", "available backends: " + ", ".join(backends)))
     for name in backends:
         checks.append(backend_check(name))
+    for name in backends if workers > 1 else []:
+        checks.append(collective_check(name, workers))
     if "gpu" in backends:
         checks += gpu_checks()
     if "ascend" in backends:
@@ -295,9 +352,14 @@ def diagnose() -> Dict:
 def main(argv=None) -> int:
     p = OneLineArgumentParser(prog="python -m scalebox_ms.doctor", description="Check this machine for scalebox_ms.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="also start an N-rank msrun job on each backend and check its collectives, as train "
+                        "--workers uses them (~10-20 s)")
     args = p.parse_args(argv)
+    if args.workers == 1 or args.workers < 0:
+        p.error(f"--workers: must be >= 2 (ranks of the msrun job), got {args.workers}")
     os.environ.setdefault("GLOG_v", "3")
-    report = diagnose()
+    report = diagnose(args.workers)
     if args.json:
         text = json.dumps(report)
     else:

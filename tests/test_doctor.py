@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -112,7 +113,7 @@ def test_a_report_stdout_cannot_take_is_an_error_naming_stdout(monkeypatch, caps
     """``doctor > /dev/full`` ended in a traceback, ``doctor >&-`` exited 0 having printed nothing."""
     import scalebox_ms.doctor as doctor
 
-    monkeypatch.setattr(doctor, "diagnose", lambda: {"usable": True, "checks": [
+    monkeypatch.setattr(doctor, "diagnose", lambda workers=0: {"usable": True, "checks": [
         {"name": "python", "status": "ok", "detail": "3.11"}]})
     if stdout == "closed":
         monkeypatch.setattr(sys, "stdout", None)
@@ -140,3 +141,53 @@ def test_msrun_for_data_parallelism_is_checked(monkeypatch):
     monkeypatch.setattr(launcher, "msrun_executable", missing)
     assert doctor.msrun_check() == {"name": "msrun", "status": "warn", "detail": "not found next to the Python "
                                     "interpreter or on PATH: train --workers (data parallelism) cannot start"}
+
+
+@pytest.mark.integration
+def test_doctor_workers_checks_the_collectives_of_a_real_msrun_job():
+    r = run_module("doctor", "--json", "--workers", "2")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    check = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "collective:cpu")
+    assert check["status"] == "ok" and check["detail"].startswith("2 ranks all-gathered and all-reduced over mccl")
+
+
+def _fake_msrun(tmp_path, monkeypatch, log_lines):
+    """An msrun that writes ``log_lines`` (rank -> lines) into its --log_dir's worker logs and exits 0."""
+    from scalebox_ms.parallel import launcher
+
+    script = tmp_path / "msrun"
+    script.write_text(f"#!{sys.executable}\n" + "import os, sys\n"
+                      "logs = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--log_dir='))\n"
+                      f"for rank, lines in {log_lines!r}.items():\n"
+                      "    with open(os.path.join(logs, f'worker_{rank}.log'), 'w') as f:\n"
+                      "        f.write(''.join(line + '\\n' for line in lines))\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(launcher, "msrun_executable", lambda: str(script))
+
+
+@pytest.mark.parametrize("logs, status, words", [
+    ({0: ['{"rank": 0, "world_size": 2, "backend": "mccl", "ok": true, "seconds": 1.0}'],
+      1: ["RuntimeError: Failed to initialize distributed job cluster"]},
+     "fail", r"2-rank msrun job failed after \d+ s \(1 rank\(s\) joined; worker_1.log: RuntimeError: Failed to "
+             r"initialize distributed job cluster\): train --workers cannot run on this backend$"),
+    ({r: [f'{{"rank": {r}, "world_size": 2, "backend": "mccl", "ok": {str(r == 0).lower()}, "seconds": 1.0}}']
+      for r in (0, 1)}, "fail", "2 ranks joined over mccl, but the all-gather or all-reduce gave wrong values$"),
+    ({r: [f'{{"rank": {r}, "world_size": 2, "backend": "mccl", "ok": true, "seconds": 1.0}}'] for r in (0, 1)},
+     "ok", r"2 ranks all-gathered and all-reduced over mccl \(\d+\.\d s with msrun's start and stop\)$"),
+])
+def test_the_collective_check_reads_every_ranks_report(tmp_path, monkeypatch, logs, status, words):
+    from scalebox_ms import doctor
+
+    _fake_msrun(tmp_path, monkeypatch, logs)
+    check = doctor.collective_check("cpu", 2)
+    assert check["name"] == "collective:cpu" and check["status"] == status and re.match(words, check["detail"]), check
+
+
+def test_doctor_workers_needs_at_least_two_ranks(capsys):
+    from scalebox_ms import doctor
+
+    with pytest.raises(SystemExit) as exc:
+        doctor.main(["--workers", "1"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == ("error: python -m scalebox_ms.doctor: --workers: must be >= 2 (ranks of the "
+                                       "msrun job), got 1\n")
