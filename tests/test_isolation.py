@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -43,6 +44,23 @@ def test_faulty_worker_is_restarted_and_its_episode_truncated(env_id, kind, kwar
         assert {e["kind"] for e in env.events} == {kind} and len(env.events) == 2
         assert all(w.proc.is_alive() for w in env._workers)  # fresh workers carry on
         assert all(f[2].all() for f in flags[6:9])  # normal rewards again after the restart
+    finally:
+        env.close()
+
+
+def test_workers_hanging_on_the_same_step_are_all_timed_out_within_one_step_timeout():
+    """Each hung worker was polled with a fresh step_timeout after the previous one's: N workers hanging on one
+    step held it N x step_timeout (and a Ctrl-C's iteration end with it)."""
+    env = IsolatedVectorEnv("faulty_envs:HangingCartPole-v0", 3, step_timeout=2.0)
+    try:
+        env.reset(seed=0)
+        for _ in range(4):
+            env.step(np.zeros(3, np.int64))
+        t0 = time.monotonic()
+        _, _, _, trunc, _ = env.step(np.zeros(3, np.int64))  # every worker's 5th step hangs
+        took = time.monotonic() - t0
+        assert trunc.all() and [e["kind"] for e in env.events] == ["timeout"] * 3
+        assert took < 4.5, took  # one step_timeout of 2 s (and the restarts), not three (6 s)
     finally:
         env.close()
 

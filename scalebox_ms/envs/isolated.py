@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import resource
+import time
 import traceback
 from typing import List, Optional
 
@@ -237,6 +238,9 @@ class IsolatedVectorEnv:
                     w.parent.send(("step", actions[i]))
                 except (BrokenPipeError, OSError):
                     pass  # noticed when collecting
+        # one deadline for the whole step: the sub-envs step concurrently, so one that hangs is found after
+        # step_timeout whatever the others do (a fresh step_timeout per worker polled made N hung workers take N x)
+        deadline = time.monotonic() + self.step_timeout
         broken, failing = [], []
         restarted = np.zeros(n, bool)
         infos: dict = {}  # the sub-envs' infos, batched as gymnasium's vector envs do ("key" + "_key" mask)
@@ -251,7 +255,7 @@ class IsolatedVectorEnv:
                 obs[i] = self._last_obs[i] = o
                 continue
             try:
-                if not w.parent.poll(self.step_timeout):
+                if not w.parent.poll(max(0.0, deadline - time.monotonic())):
                     raise WorkerFailure("timeout", f"step took longer than {self.step_timeout:g} s")
                 status, payload = w.parent.recv()
                 if status != "ok":
