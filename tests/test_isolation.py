@@ -95,6 +95,27 @@ def test_trainer_survives_crashing_envs_and_logs_restarts(tmp_path):
     tr.close()
 
 
+def test_worker_restarts_are_counted_across_a_checkpoint(tmp_path):
+    """summary.json's env_events and metrics' env_restarts covered only the session since the last resume (the
+    count went back to 0 in metrics.csv), while episodes and evaluations were carried over."""
+    from scalebox_ms.trainers import PPOTrainer
+
+    cfg = small_config(env={"id": "faulty_envs:CrashingCartPole-v0", "num_envs": 2}, ppo={"batch_size": 16},
+                       sandbox={"isolation_level": "process"}, run={"total_steps": 128})
+    tr = PPOTrainer(cfg)
+    tr.learn(until=64)
+    before = list(tr.env.events)
+    assert len(before) >= 2
+    tr.save(str(tmp_path / "ck"))
+    tr.close()
+    tr = PPOTrainer(cfg)
+    tr.load(str(tmp_path / "ck"))
+    assert tr.env.events[:len(before)] == before
+    tr.learn()
+    assert tr._last_metrics["env_restarts"] == len(tr.env.events) > len(before)  # (the fresh workers crash again)
+    tr.close()
+
+
 def test_a_restarted_workers_step_is_no_transition_for_ppo_or_the_replay_buffer(monkeypatch):
     """A worker restart is reported as a truncated step with reward 0 and the previous observation: no transition
     the env made. PPO trained on it (bootstrapping from the same observation) and DQN/SAC/TD3 stored it in the replay

@@ -108,6 +108,8 @@ def save(trainer, prefix: str) -> str:
         "episodes": c.episodes,
         "episode_returns": list(c.episode_returns),
         "episode_lengths": list(c.episode_lengths),
+        # isolated envs' worker restarts of the whole run (summary.json's env_events, metrics' env_restarts)
+        "env_events": list(c.env.events) if isinstance(getattr(c.env, "events", None), list) else None,
         "rng": c.rng.bit_generator.state,
         "obs_normalizer": c.obs_normalizer.state_dict() if c.obs_normalizer else None,
         "reward_scaler": c.reward_scaler.state_dict() if c.reward_scaler else None,
@@ -266,6 +268,8 @@ def load(trainer, path: str, replay: bool = True):
     c.episodes = int(sc["episodes"])
     c.episode_returns = collections.deque(sc["episode_returns"], maxlen=100)
     c.episode_lengths = collections.deque(sc["episode_lengths"], maxlen=100)
+    if isinstance(getattr(c.env, "events", None), list):  # (before fresh_episodes below: its restarts come after)
+        c.env.events[:] = [e for e in sc.get("env_events") or [] if isinstance(e, dict)]  # (older checkpoints: none)
     c.rng.bit_generator.state = sc["rng"]
     trainer._restore_extra(sc)
     if ck.get("replay") is not None:
