@@ -13,6 +13,7 @@
 * ``ScalarObs-v0`` -- a scalar Box observation (shape ``()``), two actions.
 * ``NarrowF64Action-v0`` -- Box(-0.1, 0.1) float64 actions the env checks are in its space (``integers=True``: an
   int64 Box).
+* ``SameWidthObs-v0`` -- 7 encoded observation columns in another layout per ``layout`` kwarg (checkpoint checks).
 * ``VaryingInfo-v0`` -- a step info array of another shape per sub-env (gymnasium cannot batch it).
 * ``InfoSteps-v0`` -- Box(1,) observation, two actions, 3 steps per episode; ``info`` holds the step count, the
   last step adds ``ended`` (for the vector envs' info batching).
@@ -155,6 +156,26 @@ class NarrowF64Action(_Steps):
         return -abs(float(action[0]) - 0.1 * float(self.state))
 
 
+class SameWidthObs(_Steps):
+    """Observations of 7 encoded columns in three layouts (``layout``): MultiDiscrete([3, 4]) (one-hots),
+    MultiDiscrete([4, 3]) (``swapped``) or Box(7,) (``box``); two actions, reward 0 (for checkpoint checks)."""
+    LAYOUTS = {"multidiscrete": spaces.MultiDiscrete([3, 4]), "swapped": spaces.MultiDiscrete([4, 3]),
+               "box": spaces.Box(-1.0, 1.0, (7,), np.float32), "wide_box": spaces.Box(-5.0, 5.0, (7,), np.float32)}
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, layout="multidiscrete"):
+        self.observation_space = self.LAYOUTS[layout]
+
+    def _draw(self):
+        return self.observation_space.sample()
+
+    def _obs(self):
+        return self.state
+
+    def _reward(self, action):
+        return 0
+
+
 class VaryingInfo(gym.Env):
     """A step info whose array has another shape in each sub-env (1 + reset seed % 2): gymnasium's vector env
     cannot batch it."""
@@ -188,6 +209,7 @@ class InfoSteps(gym.Env):
 for _name, _cls in (("DictMatch-v0", DictMatch), ("MultiDiscreteMatch-v0", MultiDiscreteMatch),
                     ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs), ("InfoSteps-v0", InfoSteps),
                     ("OffSpaceObs-v0", OffSpaceObs), ("ScalarObs-v0", ScalarObs), ("IntKeysObs-v0", IntKeysObs),
-                    ("NarrowF64Action-v0", NarrowF64Action), ("VaryingInfo-v0", VaryingInfo)):
+                    ("NarrowF64Action-v0", NarrowF64Action), ("VaryingInfo-v0", VaryingInfo),
+                    ("SameWidthObs-v0", SameWidthObs)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=f"{__name__}:{_cls.__name__}")

@@ -259,6 +259,36 @@ def test_checkpoint_resume_is_bit_identical(env_id, tmp_path):
         b.close()
 
 
+@pytest.mark.parametrize("layout, words", [
+    ("box", r"obs: box \(7,\)$"), ("swapped", r"obs: multidiscrete \(2,\) nvec \[4, 3\]$"), ("multidiscrete", None)])
+def test_a_checkpoint_is_refused_for_observations_of_its_width_in_another_layout(tmp_path, layout, words):
+    """A MultiDiscrete([3, 4]) policy (7 one-hot columns) loaded into an env of Box(7,) or MultiDiscrete([4, 3])
+    observations without a word (evaluate, export, resume): the spaces' spec held only the encoded width."""
+    from scalebox_ms.errors import CheckpointError
+
+    def config(kind):
+        return small_config(env={"id": "SameWidthObs-v0", "num_envs": 2, "kwargs": {"layout": kind}})
+
+    a = PPOTrainer(config("multidiscrete"))
+    path = a.save(str(tmp_path / "ck"))
+    a.close()
+    b = PPOTrainer(config(layout))
+    try:
+        if words is None:
+            b.load(path)  # the same layout loads
+            return
+        made = r"was made for observations obs: multidiscrete \(2,\) nvec \[3, 4\]; this trainer's env has "
+        with pytest.raises(CheckpointError, match=made + words):
+            b.load(path)
+    finally:
+        b.close()
+
+
+def test_a_box_with_other_bounds_keeps_its_layout():  # (fine-tuning on changed dynamics may move a Box's bounds)
+    assert ObsEncoder(space_envs.SameWidthObs.LAYOUTS["box"]).layout() == \
+        ObsEncoder(space_envs.SameWidthObs.LAYOUTS["wide_box"]).layout()
+
+
 def test_checkpoints_from_before_the_new_space_fields_still_load(tmp_path):
     """A sidecar whose space_spec lacks action_kind/nvec/action_start/image_shape (written before they existed)."""
     from conftest import small_config

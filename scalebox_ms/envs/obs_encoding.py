@@ -329,6 +329,16 @@ class ObsEncoder:
         raise ValueError(f"{what}: observation {leaf.name} = {value} at index {row} is outside the env's observation "
                          f"space ({space})")
 
+    def layout(self) -> list:
+        """The observation's structure as the network reads it, as JSON: each leaf's path, kind, shape, columns and
+        one-hot sizes; not a Box's bounds or dtype, which ``env.kwargs`` may change when fine-tuning. Checkpoints
+        record it, and are refused for an env whose layout differs (same width, other meaning: a MultiDiscrete
+        [3, 4] trained on one-hots, fed a Box of 7 raw floats)."""
+        return [{"path": list(leaf.path), "kind": leaf.kind, "shape": list(leaf.shape),
+                 "columns": [leaf.offset, leaf.offset + leaf.width],
+                 **({"nvec": list(leaf.nvec), "start": list(leaf.start)} if leaf.nvec else {})}
+                for leaf in self.leaves]
+
     def describe(self) -> Optional[list]:
         """The leaves as JSON (None for a plain Box space): what an exported policy's inputs are."""
         if self.plain or self.image:

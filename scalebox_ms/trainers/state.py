@@ -115,6 +115,7 @@ def save(trainer, prefix: str) -> str:
         "reward_scaler": c.reward_scaler.state_dict() if c.reward_scaler else None,
         "inflight": None,  # below
         "space_spec": trainer.spec.__dict__,
+        "observation_layout": c.encoder.layout(),
         "param_sha256": trainer.parameters_sha256(),
         "world_size": trainer.dist.world_size,
         **trainer._sidecar_extra(),
@@ -207,6 +208,15 @@ def _config_hint(trainer, sc: dict) -> str:
             "build the trainer from the checkpoint's config (load_trainer(path))")
 
 
+def _layout_text(layout) -> str:
+    """An observation layout (``ObsEncoder.layout``) in words: ``obs: multidiscrete (2,) nvec [3, 4]``."""
+    try:
+        return ", ".join(f"{'.'.join(map(str, leaf['path'])) or 'obs'}: {leaf['kind']} {tuple(leaf['shape'])}"
+                         + (f" nvec {leaf['nvec']}" if leaf.get("nvec") else "") for leaf in layout)
+    except (TypeError, KeyError, AttributeError):
+        return repr(layout)
+
+
 def load(trainer, path: str, replay: bool = True):
     """Restore parameters, optimizer, statistics, counters, RNG and env state (and, with ``replay``, the replay
     buffer's contents) from a checkpoint."""
@@ -219,6 +229,11 @@ def load(trainer, path: str, replay: bool = True):
     if algo != trainer.algo:  # (the first difference the checks below found was an env or policy key)
         raise CheckpointError(f"checkpoint {ck['prefix']} is a {str(algo).upper()} checkpoint, this is a "
                               f"{type(trainer).__name__}; load_trainer(path) builds the trainer of its algorithm")
+    layout = trainer.collector.encoder.layout()  # (older checkpoints: not recorded, not checked)
+    if sc.get("observation_layout") is not None and _jsonable(sc["observation_layout"]) != _jsonable(layout):
+        raise CheckpointError(f"checkpoint {ck['prefix']} was made for observations "
+                              f"{_layout_text(sc['observation_layout'])}; this trainer's env has "
+                              f"{_layout_text(layout)}")
     spec = trainer.spec.__dict__
     old = sc.get("space_spec")
     try:  # checkpoints from before a SpaceSpec field existed: the field's default
