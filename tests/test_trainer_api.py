@@ -53,6 +53,38 @@ def test_trainer_config_changed_after_the_trainer_was_built_is_refused(tmp_path)
         t.close()
 
 
+@pytest.mark.parametrize("key, value, words", [
+    ("ppo.learning_rate", -0.01, r"ppo\.learning_rate: "), ("ppo.lr_schedule", "cosine", r"ppo\.lr_schedule: "),
+    ("ppo.clip_range", -0.2, r"ppo\.clip_range: "), ("ppo.learning_rate", "fast", r"ppo\.learning_rate: "),
+    ("run.eval_every", -1, r"run\.eval_every: "), ("run.stop_return", "x", r"run\.stop_return: ")])
+def test_keys_that_may_change_between_learn_calls_are_checked_as_a_files(tmp_path, key, value, words):
+    """A negative learning rate trained by gradient ascent, 'cosine' ran as constant, a string learning rate failed
+    deep inside (TypeError); save wrote a checkpoint its own loader refused as invalid."""
+    t = PPOTrainer(small_config())
+    try:
+        t.learn(until=64)
+        section, name = key.split(".")
+        setattr(getattr(t.config, section), name, value)
+        for call in (t.learn, lambda: t.save(str(tmp_path / "x"))):
+            with pytest.raises(ConfigError, match=r"^(learn|save): trainer\.config: " + words):
+                call()
+        assert t.global_step == 64 and not list(tmp_path.iterdir())
+    finally:
+        t.close()
+
+
+def test_a_number_set_as_a_string_between_learn_calls_is_read_as_a_files():
+    """ppo.learning_rate = "1e-3" failed deep inside learn (TypeError: can't multiply sequence by float)."""
+    t = PPOTrainer(small_config())
+    try:
+        t.learn(until=64)
+        t.config.ppo.learning_rate, t.config.ppo.lr_schedule = "1e-3", "constant"
+        t.learn(until=128)
+        assert t.config.ppo.learning_rate == 1e-3 and t._last_metrics["learning_rate"] == pytest.approx(1e-3)
+    finally:
+        t.close()
+
+
 def test_a_config_built_by_the_user_and_changed_later_does_not_reach_the_trainer():
     """(the trainer keeps its own copy: the check above concerns trainer.config only)"""
     cfg = small_config()

@@ -158,7 +158,9 @@ class Trainer:
         graphs came from it. A key changed on it afterwards (``trainer.config.env.num_envs = 4``) reached some of
         them and not others (the step counters counted envs that did not exist, a checkpoint did not load again):
         refused, but for the keys a resume may change too (``run.total_steps``, ``run.eval_every``, ...) and those
-        ``learn`` reads on every iteration (:data:`LIVE_KEYS`: a learning-rate decay of one's own)."""
+        ``learn`` reads on every iteration (:data:`LIVE_KEYS`: a learning-rate decay of one's own). Those are checked
+        as a file's values would be (a negative learning rate trained by gradient ascent, and a save wrote a checkpoint
+        its own loader refused)."""
         from .lifecycle import RESUMABLE_KEYS, config_changes
 
         changed = config_changes(self._config_built, self.config.to_dict(), free=RESUMABLE_KEYS + LIVE_KEYS)
@@ -167,6 +169,14 @@ class Trainer:
                               f"{', ...' if len(changed) > 1 else ''}), which it does not follow (only the run.* "
                               "bookkeeping keys and the learning rate and clip range may change); set it back, or "
                               "build a trainer of the changed config and load() a checkpoint of this one into it")
+        try:
+            checked = self.config.checked_copy()
+        except ConfigError as exc:
+            raise ConfigError(f"{what}: trainer.config: {exc}") from None
+        for key in RESUMABLE_KEYS + LIVE_KEYS:  # (as parsed: "1e-3" is read as a file's 1e-3 would be, a number)
+            section, name = key.split(".")
+            if getattr(checked, section, None) is not None and getattr(self.config, section, None) is not None:
+                setattr(getattr(self.config, section), name, getattr(getattr(checked, section), name))
 
     def _check_horizon(self, total_steps: Optional[int], until: Optional[int]) -> int:
         """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at."""
