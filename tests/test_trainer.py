@@ -453,6 +453,9 @@ def test_set_parameters_is_seen_by_the_compiled_graphs_and_round_trips(policy):
             tr.set_parameters({first: np.zeros_like(mine[first]), "nope": np.zeros(3)})
         with pytest.raises(ValueError, match=rf"^set_parameters: '{first}' has shape \(1,\)"):
             tr.set_parameters({first: np.zeros(1)})
+        for bad, words in ((np.nan, "NaN or infinity"), (np.inf, "NaN or infinity"), ("x", "<U1 values, not real")):
+            with pytest.raises(ValueError, match=rf"^set_parameters: '{first}' holds {words}"):  # (predict gave 0s)
+                tr.set_parameters({first: np.full_like(mine[first], bad, dtype=type(bad) if bad == "x" else None)})
         assert all(np.array_equal(v, mine[k]) for k, v in tr.get_parameters().items())  # nothing written
         name = next(n for n, _ in tr.model.parameters_and_names())  # ("model." may be left out)
         tr.set_parameters({name: theirs["model." + name]})

@@ -267,8 +267,8 @@ class Trainer:
         file's ``ms.load_checkpoint``; numpy arrays, Tensors or Parameters; ``model.`` may be left out of a network's
         name) so that the compiled graphs see them: MindSpore 2.10's ``Parameter.set_data``, and so
         ``ms.load_param_into_net(trainer.model, ...)``, are not seen by a graph that already ran (``predict`` would
-        go on acting with the old weights). An unknown name or a wrong shape is a ValueError, and then nothing is
-        written."""
+        go on acting with the old weights). An unknown name, a wrong shape or a value that is not a finite number is
+        a ValueError, and then nothing is written."""
         import mindspore as ms
 
         from ..ops import AssignParameters
@@ -292,6 +292,10 @@ class Trainer:
             want = logical[stored].shape if k is None else logical[stored].shape[1:]
             if array.shape != want:
                 raise ValueError(f"set_parameters: {name!r} has shape {array.shape}, this trainer's has {want}")
+            if array.dtype.kind not in "biuf":
+                raise ValueError(f"set_parameters: {name!r} holds {array.dtype} values, not real numbers")
+            if not np.isfinite(array).all():  # (predict then acted on NaN weights: all zeros, without a word)
+                raise ValueError(f"set_parameters: {name!r} holds NaN or infinity")
             if k is None:
                 written[stored] = array
             else:  # (one critic's slice of the ensemble tensor: the other critic's stays as it is)
