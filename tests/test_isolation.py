@@ -469,3 +469,24 @@ def test_a_script_without_a_main_guard_is_told_why_its_isolated_workers_die(tmp_
                                                  "in an isolated worker (crash: "), last
     assert last.endswith("; or, if noguard.py builds the trainer at its top level, put that under 'if __name__ == "
                          "\"__main__\":' (each isolated worker imports the main module)"), last
+
+
+def test_an_env_registered_in_the_script_only_is_told_to_be_given_as_module_and_id(tmp_path):
+    """An env registered under the script's main guard does not exist in the spawned workers: the error suggested
+    the memory limit, the step timeout and the main guard it already had."""
+    script = tmp_path / "guarded.py"
+    script.write_text(textwrap.dedent("""\
+        if __name__ == "__main__":
+            import gymnasium as gym
+            from scalebox_ms import Config
+            from scalebox_ms.trainers import PPOTrainer
+            gym.register("OnlyHere-v0", entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv")
+            PPOTrainer(Config.from_dict({"env": {"id": "OnlyHere-v0", "num_envs": 1},
+                                         "sandbox": {"isolation_level": "process"}}))
+        """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                       env={**os.environ, "PYTHONPATH": REPO})
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "cannot start in an isolated worker (crash: NameNotFound" in last, last
+    assert last.endswith("each worker is a fresh Python process: register the env when a module is imported and "
+                         "give env.id as 'module:EnvName-v0' (the worker imports the module)"), last

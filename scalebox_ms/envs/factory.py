@@ -106,9 +106,13 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
                 env = IsolatedVectorEnv(env_id, num_envs, kwargs, step_timeout=step_timeout,
                                         memory_limit_bytes=worker_memory_limit, wrap=wrap)
             except WorkerFailure as exc:
+                unknown = "NameNotFound" in str(exc)  # (registered in this process only: not in a fresh one)
                 raise ConfigError(f"env.id: {short_repr(env_id)} cannot start in an isolated worker ({exc.kind}: "
-                                  f"{first_line(exc)}); check sandbox.worker_memory_limit/step_timeout"
-                                  + _main_guard_hint()) from None
+                                  f"{first_line(exc)}); " + (
+                                      "each worker is a fresh Python process: register the env when a module is "
+                                      "imported and give env.id as 'module:EnvName-v0' (the worker imports the "
+                                      "module)" if unknown else "check sandbox.worker_memory_limit/step_timeout"
+                                      + _main_guard_hint())) from None
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
                     and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS
