@@ -51,12 +51,11 @@ def main(argv=None):
     if in_msrun():
         rank(args.calls)
         return
-    from scalebox_ms.parallel.launcher import free_port, msrun_env, msrun_executable
+    from scalebox_ms.parallel.launcher import free_port, msrun_command, msrun_env
 
     with tempfile.TemporaryDirectory() as logs:
-        subprocess.run([msrun_executable(), f"--worker_num={args.workers}", f"--local_worker_num={args.workers}",
-                        "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--join=True",
-                        f"--log_dir={logs}", "python", os.path.abspath(__file__), "--calls", str(args.calls)],
+        subprocess.run(msrun_command(args.workers, free_port(), logs, 300,
+                                     ["python", os.path.abspath(__file__), "--calls", str(args.calls)]),
                        env=msrun_env(os.environ), cwd=logs, check=True, capture_output=True, timeout=300)
         with open(os.path.join(logs, "worker_0.log"), errors="replace") as f:
             line = next(x for x in f if x.startswith("RESULT "))

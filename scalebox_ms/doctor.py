@@ -143,54 +143,75 @@ def msrun_check() -> Dict[str, str]:
 def collective_check(name: str, workers: int, timeout: float = 180) -> Dict[str, str]:
     """``collective:<name>`` (``doctor --workers N``): an msrun job of ``workers`` ranks on this machine, as ``train
     --workers`` starts it, whose ranks join with ``name``'s collective library and check an all-gather and an
-    all-reduce (``scalebox_ms._collective_probe``)."""
-    import glob
+    all-reduce (``scalebox_ms._collective_probe``). A rank that fails stops the job at once (msrun alone would wait
+    for the cluster until ``timeout``)."""
     import tempfile
+    import threading
     import time
 
     from .errors import ConfigError
     from .parallel import launcher
 
     check = f"collective:{name}"
-    try:
-        msrun = launcher.msrun_executable()
-    except ConfigError as exc:
-        return _check(check, "fail", str(exc))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this package's, also from a checkout)
+    env = launcher.msrun_env(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="scalebox-ms-doctor-") as logs:
-        cmd = [msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
-               f"--master_port={launcher.free_port()}", "--join=True", f"--log_dir={logs}",
-               f"--cluster_time_out={int(timeout)}", "--tail_worker_log=0",
-               "python", "-m", "scalebox_ms._collective_probe", _TARGETS[name]]
-        t0 = time.time()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=logs,
-                                env=launcher.msrun_env(os.environ), start_new_session=True)
         try:
-            proc.wait(timeout=timeout + 30)
-        except subprocess.TimeoutExpired:
-            launcher._stop_job(proc)
-            return _check(check, "fail", f"{workers}-rank msrun job did not finish within {timeout + 30:.0f} s")
-        finally:
-            launcher._stop_job(proc, grace=0)  # (whatever of the job still runs: its ranks, its scheduler)
+            cmd = launcher.msrun_command(workers, launcher.free_port(), logs, timeout,
+                                         ["python", "-m", "scalebox_ms._collective_probe", _TARGETS[name]])
+        except ConfigError as exc:  # (no msrun)
+            return _check(check, "fail", str(exc))
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                                cwd=logs, env=env, start_new_session=True)
+        failed: list = []  # (msrun's report of a rank that exited with an error)
+        threading.Thread(target=lambda: failed.extend(line for line in proc.stdout if "exit with exception" in line),
+                         daemon=True).start()
+        while proc.poll() is None and not failed and time.time() < t0 + timeout + 30:
+            time.sleep(0.2)
+        running = proc.poll() is None
+        if running:
+            launcher._stop_job(proc)  # (its ranks and scheduler, each in a session of its own)
         seconds = time.time() - t0
-        found, last = {}, "no output"
-        for path in sorted(glob.glob(os.path.join(logs, "worker_*.log"))):
-            with open(path, errors="replace") as f:
-                lines = [line.strip() for line in f if line.strip()]
-            for line in lines:
-                if line.startswith("{"):
-                    res = json.loads(line)
-                    found[res["rank"]] = res
-            if lines and not any(line.startswith("{") for line in lines):
-                last = f"{os.path.basename(path)}: {lines[-1][:200]}"
+        if running and not failed:
+            return _check(check, "fail", f"{workers}-rank msrun job did not finish within {timeout + 30:.0f} s")
+        found, error = _probe_reports(logs)
     if sorted(found) != list(range(workers)):
         return _check(check, "fail", f"{workers}-rank msrun job failed after {seconds:.0f} s ({len(found)} rank(s) "
-                      f"joined; {last}): train --workers cannot run on this backend")
+                      f"joined; {error}): train --workers cannot run on this backend")
     backend = found[0]["backend"]
     if not all(r["ok"] for r in found.values()):
         return _check(check, "fail", f"{workers} ranks joined over {backend}, but the all-gather or all-reduce gave "
                       "wrong values")
     return _check(check, "ok", f"{workers} ranks all-gathered and all-reduced over {backend} ({seconds:.1f} s with "
                                "msrun's start and stop)")
+
+
+def _probe_reports(logs: str) -> tuple:
+    """(rank -> the report ``_collective_probe`` printed, for each rank that did; the last line of the first rank's
+    log, in rank order, that has no report, or 'no output')."""
+    import glob
+    import re
+
+    found, error = {}, None
+    paths = glob.glob(os.path.join(logs, "worker_*.log"))
+    for path in sorted(paths, key=lambda p: int(re.search(r"(\d+)\.log$", p).group(1))):
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+        reports = []
+        for line in lines:
+            try:
+                report = json.loads(line) if line.startswith("{") else None
+            except ValueError:
+                report = None
+            if isinstance(report, dict) and isinstance(report.get("rank"), int):
+                reports.append(report)
+        for report in reports:
+            found[report["rank"]] = report
+        if lines and not reports and error is None:
+            error = f"{os.path.basename(path)}: {lines[-1][:200]}"
+    return found, error or "no output"
 
 
 def compiler_check() -> Dict[str, str]:
@@ -338,8 +359,8 @@ def diagnose(workers: int = 0) -> Dict:
     checks.append(_check("devices", "ok", "available backends: " + ", ".join(backends)))
     for name in backends:
         checks.append(backend_check(name))
-    for name in backends if workers > 1 else []:
-        checks.append(collective_check(name, workers))
+        if workers > 1 and checks[-1]["status"] == "ok":  # (a backend that cannot compile cannot train either)
+            checks.append(collective_check(name, workers))
     if "gpu" in backends:
         checks += gpu_checks()
     if "ascend" in backends:

@@ -151,25 +151,27 @@ def test_doctor_workers_checks_the_collectives_of_a_real_msrun_job():
     assert check["status"] == "ok" and check["detail"].startswith("2 ranks all-gathered and all-reduced over mccl")
 
 
-def _fake_msrun(tmp_path, monkeypatch, log_lines):
-    """An msrun that writes ``log_lines`` (rank -> lines) into its --log_dir's worker logs and exits 0."""
+def _fake_msrun(tmp_path, monkeypatch, log_lines, then=""):
+    """An msrun that writes ``log_lines`` (rank -> lines) into its --log_dir's worker logs, then runs ``then``."""
     from scalebox_ms.parallel import launcher
 
     script = tmp_path / "msrun"
-    script.write_text(f"#!{sys.executable}\n" + "import os, sys\n"
+    script.write_text(f"#!{sys.executable}\n" + "import os, sys, time\n"
                       "logs = next(a.split('=', 1)[1] for a in sys.argv if a.startswith('--log_dir='))\n"
                       f"for rank, lines in {log_lines!r}.items():\n"
                       "    with open(os.path.join(logs, f'worker_{rank}.log'), 'w') as f:\n"
-                      "        f.write(''.join(line + '\\n' for line in lines))\n")
+                      "        f.write(''.join(line + '\\n' for line in lines))\n" + then)
     script.chmod(0o755)
     monkeypatch.setattr(launcher, "msrun_executable", lambda: str(script))
 
 
 @pytest.mark.parametrize("logs, status, words", [
     ({0: ['{"rank": 0, "world_size": 2, "backend": "mccl", "ok": true, "seconds": 1.0}'],
-      1: ["RuntimeError: Failed to initialize distributed job cluster"]},
+      1: ["{not json", "RuntimeError: Failed to initialize distributed job cluster"]},
      "fail", r"2-rank msrun job failed after \d+ s \(1 rank\(s\) joined; worker_1.log: RuntimeError: Failed to "
              r"initialize distributed job cluster\): train --workers cannot run on this backend$"),
+    ({r: [f"ModuleNotFoundError: rank {r}"] for r in range(12)}, "fail",  # (the first rank's, in rank order)
+     r"12-rank msrun job failed after \d+ s \(0 rank\(s\) joined; worker_0.log: ModuleNotFoundError: rank 0\)"),
     ({r: [f'{{"rank": {r}, "world_size": 2, "backend": "mccl", "ok": {str(r == 0).lower()}, "seconds": 1.0}}']
       for r in (0, 1)}, "fail", "2 ranks joined over mccl, but the all-gather or all-reduce gave wrong values$"),
     ({r: [f'{{"rank": {r}, "world_size": 2, "backend": "mccl", "ok": true, "seconds": 1.0}}'] for r in (0, 1)},
@@ -179,8 +181,22 @@ def test_the_collective_check_reads_every_ranks_report(tmp_path, monkeypatch, lo
     from scalebox_ms import doctor
 
     _fake_msrun(tmp_path, monkeypatch, logs)
-    check = doctor.collective_check("cpu", 2)
+    check = doctor.collective_check("cpu", len(logs))
     assert check["name"] == "collective:cpu" and check["status"] == status and re.match(words, check["detail"]), check
+
+
+def test_a_rank_that_fails_stops_the_collective_check_at_once(tmp_path, monkeypatch):
+    """msrun waits for the cluster until its timeout (180 s) when a rank fails before joining."""
+    import time
+
+    from scalebox_ms import doctor
+
+    _fake_msrun(tmp_path, monkeypatch, {0: ["ImportError: no module"]},
+                then="print('Worker process 4242 exit with exception.', flush=True)\ntime.sleep(600)\n")
+    t0 = time.time()
+    check = doctor.collective_check("cpu", 2)
+    assert check["status"] == "fail" and "worker_0.log: ImportError: no module" in check["detail"]
+    assert time.time() - t0 < 60
 
 
 def test_doctor_workers_needs_at_least_two_ranks(capsys):

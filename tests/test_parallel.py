@@ -693,7 +693,8 @@ def test_a_new_launch_clears_the_previous_ones_markers(tmp_path):
     assert stoppable_ranks(str(tmp_path), 2) is None
 
 
-def test_the_scheduler_reports_its_port_taken_only_when_another_process_holds_it(tmp_path):
+def test_the_scheduler_reports_its_port_taken_only_when_it_is_held(tmp_path):
+    """(checked before MindSpore's init binds it: held then, it is another process's)"""
     import socket
 
     from scalebox_ms.parallel.ranks import LOG_DIR_ENV, report_port_taken
@@ -707,6 +708,22 @@ def test_the_scheduler_reports_its_port_taken_only_when_another_process_holds_it
         assert report_port_taken(env) is True and (tmp_path / "scheduler.port_taken").exists()
     (tmp_path / "scheduler.port_taken").unlink()
     assert report_port_taken(env) is False and not (tmp_path / "scheduler.port_taken").exists()  # (free now)
+
+
+@pytest.mark.integration
+def test_a_scheduler_failing_for_another_reason_does_not_report_its_port_taken(tmp_path):
+    """Checked after a failed init, the port was held by MindSpore's own server: a cluster that timed out (no worker
+    joined) was relaunched 3 times as 'port taken', and the workers' own errors were lost."""
+    from scalebox_ms.parallel.launcher import free_port
+    from scalebox_ms.parallel.ranks import LOG_DIR_ENV
+
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), "MS_ROLE": "MS_SCHED",
+           "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(free_port()), "MS_WORKER_NUM": "1",
+           "MS_TOPO_TIMEOUT": "5", LOG_DIR_ENV: str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "scalebox_ms.train"], cwd=str(tmp_path), env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "Failed to initialize" in r.stderr, r.stderr[-2000:]  # (MindSpore's own error)
+    assert not (tmp_path / "scheduler.port_taken").exists()
 
 
 @pytest.mark.integration
@@ -726,14 +743,13 @@ def test_a_scheduler_port_taken_before_msrun_binds_it_launches_again_on_another(
                              "--set", "parallel.timeout=90", *{DP_ARGS!r}]))
     """)
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    t0 = time.time()
     r = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), env=env, capture_output=True, text=True,
                        timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stderr.splitlines()
     assert lines[0].startswith("launching 2 msrun workers") and "was taken by another process" in lines[1], lines
     assert lines[2].startswith("launching 2 msrun workers") and "Traceback" not in r.stderr, lines
-    assert json.loads(r.stdout)["status"] == "completed" and time.time() - t0 < 90
+    assert json.loads(r.stdout)["status"] == "completed"  # (without the relaunch: rc 1 after parallel.timeout)
 
 
 @pytest.mark.integration

@@ -289,6 +289,16 @@ def test_a_box_with_other_bounds_keeps_its_layout():  # (fine-tuning on changed 
         ObsEncoder(space_envs.SameWidthObs.LAYOUTS["wide_box"]).layout()
 
 
+def test_an_image_layout_is_the_cnns_whatever_the_envs_channel_order():
+    """HWC and CHW frames are the same CNN input (the encoder transposes): one layout; flattened into an MLP they are
+    two."""
+    def layout(shape, features="auto"):
+        return ObsEncoder(spaces.Box(0, 255, shape, np.uint8), features=features).layout()
+
+    assert layout((84, 84, 4)) == layout((4, 84, 84)) and layout((84, 84, 4))[0]["shape"] == [4, 84, 84]
+    assert layout((84, 84, 4), "mlp") != layout((4, 84, 84), "mlp")
+
+
 def test_checkpoints_from_before_the_new_space_fields_still_load(tmp_path):
     """A sidecar whose space_spec lacks action_kind/nvec/action_start/image_shape (written before they existed)."""
     from conftest import small_config

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import sys
 from typing import Optional
 
@@ -106,7 +107,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
                 env = IsolatedVectorEnv(env_id, num_envs, kwargs, step_timeout=step_timeout,
                                         memory_limit_bytes=worker_memory_limit, wrap=wrap)
             except WorkerFailure as exc:
-                unknown = "NameNotFound" in str(exc)  # (registered in this process only: not in a fresh one)
+                # (registered in this process only: gymnasium's Name/Namespace/VersionNotFound in a fresh one)
+                unknown = re.search(r"\b(Name|Namespace|Version)NotFound\b", str(exc)) is not None
                 raise ConfigError(f"env.id: {short_repr(env_id)} cannot start in an isolated worker ({exc.kind}: "
                                   f"{first_line(exc)}); " + (
                                       "each worker is a fresh Python process: register the env when a module is "

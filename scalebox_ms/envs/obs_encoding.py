@@ -331,11 +331,14 @@ class ObsEncoder:
 
     def layout(self) -> list:
         """The observation's structure as the network reads it, as JSON: each leaf's path, kind, shape, columns and
-        one-hot sizes; not a Box's bounds or dtype, which ``env.kwargs`` may change when fine-tuning. Checkpoints
-        record it, and are refused for an env whose layout differs (same width, other meaning: a MultiDiscrete
-        [3, 4] trained on one-hots, fed a Box of 7 raw floats)."""
-        return [{"path": list(leaf.path), "kind": leaf.kind, "shape": list(leaf.shape),
-                 "columns": [leaf.offset, leaf.offset + leaf.width],
+        one-hot sizes; images as the CNN sees them, (C, H, W), whether the env gives HWC or CHW frames; not a Box's
+        bounds or dtype, which ``env.kwargs`` may change when fine-tuning. Checkpoints record it, and are refused for
+        an env whose layout differs (same width, other meaning: a MultiDiscrete [3, 4] trained on one-hots, fed a
+        Box of 7 raw floats). Dict keys that are not strings or numbers are recorded as their ``str``."""
+        if self.image:
+            return [{"path": [], "kind": "image", "shape": list(self.obs_shape), "columns": [0, self.obs_dim]}]
+        return [{"path": [p if isinstance(p, (str, int)) else str(p) for p in leaf.path], "kind": leaf.kind,
+                 "shape": list(leaf.chw or leaf.shape), "columns": [leaf.offset, leaf.offset + leaf.width],
                  **({"nvec": list(leaf.nvec), "start": list(leaf.start)} if leaf.nvec else {})}
                 for leaf in self.leaves]
 

@@ -28,13 +28,13 @@ def serve_as_scheduler() -> None:
     os.environ.setdefault("GLOG_v", "3")
     from mindspore.communication import init
 
-    try:
-        init()
-    except RuntimeError:
-        from .ranks import report_port_taken
+    from .ranks import report_port_taken
 
-        report_port_taken()  # (another process took its port: the launcher starts the job again on another)
-        raise
+    # (checked after MindSpore's import, right before its bind: another process took the port since the launcher
+    # found it free; the launcher then starts the job again on another)
+    if report_port_taken():
+        raise SystemExit(1)
+    init()
 
 
 def local_rank(environ=None) -> int:

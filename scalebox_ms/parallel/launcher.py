@@ -217,6 +217,15 @@ def _stopping_signals() -> List[int]:
 HEARTBEAT_INTERVAL = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
 
 
+def msrun_command(workers: int, port: int, log_dir: str, timeout: float, command: List[str]) -> List[str]:
+    """msrun's command line for a job of ``workers`` local ranks running ``command`` (and its scheduler, which runs
+    it too), scheduled on 127.0.0.1:``port``, logs in ``log_dir``, giving up on a cluster not formed in ``timeout``
+    seconds; msrun's own tail of the workers' logs is off (the caller reads them)."""
+    return [msrun_executable(), f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
+            f"--master_port={port}", "--join=True", f"--log_dir={log_dir}",
+            f"--cluster_time_out={int(max(1, timeout))}", "--tail_worker_log=0", *command]
+
+
 def msrun_env(environ) -> dict:
     """The environment of the msrun job: ``environ``, this interpreter first on PATH (msrun starts ``python``),
     MindSpore's logging at errors only (``GLOG_v=3``) and :data:`HEARTBEAT_INTERVAL` unless ``environ`` sets them."""
@@ -267,10 +276,7 @@ def _launch_once(worker_args: List[str], workers: int, run_dir: str, timeout: fl
                  port: int) -> int:
     log_dir = os.path.join(run_dir, RANK_PID_DIR)
     _clear_previous_launch(log_dir)
-    cmd = [msrun_executable(), f"--worker_num={workers}", f"--local_worker_num={workers}",
-           "--master_addr=127.0.0.1", f"--master_port={port}", "--join=True", f"--log_dir={log_dir}",
-           f"--cluster_time_out={int(max(1, timeout))}", "--tail_worker_log=0",
-           "python", "-m", "scalebox_ms.train"] + list(worker_args)
+    cmd = msrun_command(workers, port, log_dir, timeout, ["python", "-m", "scalebox_ms.train", *worker_args])
     env = {**msrun_env(os.environ), LOG_DIR_ENV: log_dir}  # (for the scheduler's report_port_taken)
     t0 = time.time()
     main = threading.current_thread() is threading.main_thread()

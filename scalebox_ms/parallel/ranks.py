@@ -6,7 +6,8 @@ exits (success or a reported error: a rank gone without it was killed or crashed
 end of every iteration (:func:`beat`, the launcher's hang watch) and creates ``rank_<r>.stoppable`` once a signal
 stops it at an iteration boundary (:func:`mark_stoppable`: the launcher then forwards Ctrl-C/SIGTERM/SIGHUP to the
 ranks instead of stopping the job at once). On :data:`STACK_SIGNAL` a rank prints its Python stacks into its log.
-msrun's scheduler creates ``scheduler.port_taken`` when another process holds its port (:func:`report_port_taken`).
+msrun's scheduler creates ``scheduler.port_taken`` when another process holds its port as it starts
+(:func:`report_port_taken`).
 """
 from __future__ import annotations
 
@@ -101,10 +102,12 @@ def wait_for_rank_zero(poll: float = 0.1) -> None:
 
 
 def report_port_taken(environ=None) -> bool:
-    """In msrun's scheduler, once its cluster failed to start: where its port (``MS_SCHED_PORT``) is held by another
-    process, which took it between the launcher's :func:`~.launcher.free_port` and the scheduler's bind, create
-    :data:`PORT_TAKEN` in the job's log directory (the launcher then launches the job again on another port; its
-    workers would otherwise wait out ``parallel.timeout`` for this scheduler). Returns whether it did."""
+    """In msrun's scheduler, before MindSpore binds anything: where its port (``MS_SCHED_PORT``) is held by another
+    process, which took it between the launcher's :func:`~.launcher.free_port` and now, create :data:`PORT_TAKEN` in
+    the job's log directory (the launcher then launches the job again on another port; its workers would otherwise
+    wait out ``parallel.timeout`` for this scheduler) and return True; the scheduler then exits. (Not after a failed
+    ``init``: MindSpore's own server may hold the port then, and a cluster that failed for another reason would be
+    retried as if its port were taken.)"""
     environ = os.environ if environ is None else environ
     log_dir, port = environ.get(LOG_DIR_ENV), environ.get("MS_SCHED_PORT", "")
     if not log_dir or not port.isdigit():
@@ -112,7 +115,7 @@ def report_port_taken(environ=None) -> bool:
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((environ.get("MS_SCHED_HOST") or "127.0.0.1", int(port)))
-        return False  # (free: the cluster failed for another reason)
+        return False  # (free)
     except OSError as exc:
         if exc.errno != errno.EADDRINUSE:
             return False

@@ -229,11 +229,6 @@ def load(trainer, path: str, replay: bool = True):
     if algo != trainer.algo:  # (the first difference the checks below found was an env or policy key)
         raise CheckpointError(f"checkpoint {ck['prefix']} is a {str(algo).upper()} checkpoint, this is a "
                               f"{type(trainer).__name__}; load_trainer(path) builds the trainer of its algorithm")
-    layout = trainer.collector.encoder.layout()  # (older checkpoints: not recorded, not checked)
-    if sc.get("observation_layout") is not None and _jsonable(sc["observation_layout"]) != _jsonable(layout):
-        raise CheckpointError(f"checkpoint {ck['prefix']} was made for observations "
-                              f"{_layout_text(sc['observation_layout'])}; this trainer's env has "
-                              f"{_layout_text(layout)}")
     spec = trainer.spec.__dict__
     old = sc.get("space_spec")
     try:  # checkpoints from before a SpaceSpec field existed: the field's default
@@ -248,6 +243,12 @@ def load(trainer, path: str, replay: bool = True):
         if ck_env.get(key) != getattr(trainer.config.env, key):
             raise CheckpointError(f"checkpoint {ck['prefix']} was made with env.{key}={ck_env.get(key)!r}, "
                                   f"this trainer has env.{key}={getattr(trainer.config.env, key)!r}")
+    # (after the checks above, which name a changed width or env more fully: this is the same width's other meaning)
+    layout = trainer.collector.encoder.layout()  # (older checkpoints: not recorded, not checked)
+    if sc.get("observation_layout") is not None and _jsonable(sc["observation_layout"]) != _jsonable(layout):
+        raise CheckpointError(f"checkpoint {ck['prefix']} was made for observations "
+                              f"{_layout_text(sc['observation_layout'])}; this trainer's env has "
+                              f"{_layout_text(layout)}")
     _check_same_function(trainer, sc.get("config") or {}, ck["prefix"])
     named = trainer._named_state()
     upgrade = getattr(trainer.model, "upgrade_tensors", None)  # (off-policy: checkpoints of the per-critic layout)
