@@ -14,6 +14,7 @@
 * ``NarrowF64Action-v0`` -- Box(-0.1, 0.1) float64 actions the env checks are in its space (``integers=True``: an
   int64 Box).
 * ``SameWidthObs-v0`` -- 7 encoded observation columns in another layout per ``layout`` kwarg (checkpoint checks).
+* ``OldApi-v0`` -- gym's older API: reset returns the observation alone (``step_only=True``: step returns 4 values).
 * ``VaryingInfo-v0`` -- a step info array of another shape per sub-env (gymnasium cannot batch it).
 * ``InfoSteps-v0`` -- Box(1,) observation, two actions, 3 steps per episode; ``info`` holds the step count, the
   last step adds ``ended`` (for the vector envs' info batching).
@@ -176,6 +177,22 @@ class SameWidthObs(_Steps):
         return 0
 
 
+class OldApi(gym.Env):
+    """gym's older API (before gymnasium): reset returns the observation alone (``step_only``: step returns 4
+    values, reset is gymnasium's)."""
+    observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, step_only=False):
+        self.step_only = step_only
+
+    def reset(self, *, seed=None, options=None):
+        return (np.zeros(3, np.float32), {}) if self.step_only else np.zeros(3, np.float32)
+
+    def step(self, action):
+        return np.zeros(3, np.float32), 1.0, False, {}
+
+
 class VaryingInfo(gym.Env):
     """A step info whose array has another shape in each sub-env (1 + reset seed % 2): gymnasium's vector env
     cannot batch it."""
@@ -210,6 +227,6 @@ for _name, _cls in (("DictMatch-v0", DictMatch), ("MultiDiscreteMatch-v0", Multi
                     ("MultiBinaryMatch-v0", MultiBinaryMatch), ("WordsObs-v0", WordsObs), ("InfoSteps-v0", InfoSteps),
                     ("OffSpaceObs-v0", OffSpaceObs), ("ScalarObs-v0", ScalarObs), ("IntKeysObs-v0", IntKeysObs),
                     ("NarrowF64Action-v0", NarrowF64Action), ("VaryingInfo-v0", VaryingInfo),
-                    ("SameWidthObs-v0", SameWidthObs)):
+                    ("SameWidthObs-v0", SameWidthObs), ("OldApi-v0", OldApi)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=f"{__name__}:{_cls.__name__}")

@@ -3,6 +3,7 @@ MultiBinary actions: the host encoder against gymnasium's own ``flatten``, the g
 the new distributions against numpy, PPO learning small envs of each kind, export, kernels and refusals."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -297,6 +298,17 @@ def test_an_image_layout_is_the_cnns_whatever_the_envs_channel_order():
 
     assert layout((84, 84, 4)) == layout((4, 84, 84)) and layout((84, 84, 4))[0]["shape"] == [4, 84, 84]
     assert layout((84, 84, 4), "mlp") != layout((4, 84, 84), "mlp")
+
+
+@pytest.mark.parametrize("step_only, words", [(False, "reset() returned the observation alone"),
+                                               (True, "step() returned 4 values")])
+def test_an_env_of_gyms_older_api_is_named_as_such(step_only, words):
+    """It failed with gymnasium's unpacking error ('too many values to unpack (expected 2)'), naming neither."""
+    from scalebox_ms.envs import make_vec_env
+
+    with pytest.raises(ConfigError, match=rf"^env.id: 'OldApi-v0' follows gym's older API \({re.escape(words)}\); "
+                                          r"scalebox_ms needs gymnasium's: reset\(\) -> \(observation, info\)"):
+        make_vec_env("OldApi-v0", 2, {"step_only": step_only})
 
 
 def test_checkpoints_from_before_the_new_space_fields_still_load(tmp_path):

@@ -190,6 +190,11 @@ def _probed(env, env_id: str, kwargs):
     except Exception as exc:
         close_env(env, env_id)
         what = "cannot reset" if call == "reset" else "fails its first step"
+        old_api = _old_gym_api(env)
+        if old_api:
+            raise ConfigError(f"env.id: {short_repr(env_id)} follows gym's older API ({old_api}); scalebox_ms needs "
+                              "gymnasium's: reset() -> (observation, info), step() -> (observation, reward, "
+                              "terminated, truncated, info)") from None
         if _in_info_batching(exc):  # (not the env's code, nor its kwargs: gymnasium's batching of its infos)
             raise ConfigError(f"env.id: {short_repr(env_id)}: gymnasium's vector env cannot batch the info dict of "
                               f"its {call} ({type(exc).__name__}: {first_line(exc)}); each info key needs one shape "
@@ -197,6 +202,24 @@ def _probed(env, env_id: str, kwargs):
         raise ConfigError(f"env.id: {short_repr(env_id)} with env.kwargs={short_repr(kwargs)} {what} "
                           f"({type(exc).__name__}: {first_line(exc)})") from None
     return env
+
+
+def _old_gym_api(env) -> Optional[str]:
+    """What of gym's older API (before gymnasium) a sub-env of a vector env that failed its probe follows, if any:
+    reset returning the observation alone, step returning 4 values (gymnasium then fails with an unpacking error that
+    names neither). Asks the first sub-env's own reset and step, past its wrappers."""
+    subs = getattr(env, "envs", None)
+    if not subs:
+        return None
+    sub = subs[0].unwrapped
+    try:
+        out = sub.reset(seed=0)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            return "reset() returned the observation alone"
+        out = sub.step(env.single_action_space.sample())
+    except Exception:  # (its own error: the probe's message says it)
+        return None
+    return "step() returned 4 values" if isinstance(out, tuple) and len(out) == 4 else None
 
 
 def _in_info_batching(exc: BaseException) -> bool:
