@@ -102,7 +102,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=at_least(1), default=300, help="timed calls per variant per round")
     ap.add_argument("--rounds", type=at_least(1), default=5)
-    ap.add_argument("--threads", type=int, default=0, help="MindSpore CPU threads (0: its default)")
+    ap.add_argument("--threads", type=at_least(0), default=0, help="MindSpore CPU threads (0: its default)")
     ap.add_argument("--model", choices=sorted(BATCHES), default="cartpole")
     ap.add_argument("--out", default=None, help="default benchmarks/results/acting_kernels[_<model>].json")
     args = ap.parse_args()

@@ -38,3 +38,14 @@ def results_to_plot(ap: argparse.ArgumentParser, path: str) -> str:
     if not os.path.isfile(path):
         ap.error(f"--plot-only: no results file {path} (give the run's --out)")
     return path
+
+
+def plot_path(plot, out: str, default_out: str, default_plot: str) -> str:
+    """Where a script draws its figure: ``--plot`` if given; else the docs' figure (``default_plot``) for a run
+    written to its default results file (the command the docs quote), or a ``.png`` next to another ``--out``, so a
+    trial run elsewhere never replaces a figure of the docs."""
+    if plot:
+        return plot
+    if os.path.abspath(out) == os.path.abspath(default_out):
+        return default_plot
+    return os.path.splitext(out)[0] + ".png"

@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from bench_args import at_least, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
+from bench_args import at_least, plot_path, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -142,18 +142,22 @@ def plot(payload: dict, path: str, unit: str = "game") -> None:
     print(f"wrote {path}")
 
 
+DEFAULT_OUT = os.path.join(HERE, "results", "compare_sb3_atari.json")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="ALE/Breakout-v5")
     ap.add_argument("--steps", type=at_least(1), default=300_000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=at_least(0), default=0)
     ap.add_argument("--libs", nargs="+", default=["scalebox_ms", "sb3"], choices=["scalebox_ms", "sb3"])
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "compare_sb3_atari.json"))
-    ap.add_argument("--plot", default=os.path.join(REPO, "docs", "img", "atari_ppo_curves.png"),
-                    help="learning-curve figure written from the results")
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--plot", help="learning-curve figure written from the results (default: "
+                                   "docs/img/atari_ppo_curves.png with the default --out, else a .png next to --out)")
     ap.add_argument("--plot-only", action="store_true", help="only redraw --plot from --out")
     ap.add_argument("--worker", choices=["scalebox_ms", "sb3"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.plot = plot_path(args.plot, args.out, DEFAULT_OUT, os.path.join(REPO, "docs", "img", "atari_ppo_curves.png"))
     if args.plot_only:
         with open(results_to_plot(ap, args.out)) as f:
             plot(json.load(f), args.plot)

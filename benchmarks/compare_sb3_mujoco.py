@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import time
-from bench_args import at_least, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
+from bench_args import at_least, plot_path, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -90,17 +90,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", default="HalfCheetah-v5", choices=sorted(PRESETS))
     ap.add_argument("--steps", type=at_least(1), default=1_000_000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=at_least(0), default=0)
     ap.add_argument("--eval-episodes", type=at_least(1), default=10)
     ap.add_argument("--libs", nargs="+", default=["scalebox_ms", "sb3"], choices=["scalebox_ms", "sb3"])
     ap.add_argument("--out", default=None, help="default benchmarks/results/compare_sb3_mujoco_<env>.json")
-    ap.add_argument("--plot", default=None, help="default docs/img/mujoco_ppo_<env>.png")
+    ap.add_argument("--plot", default=None, help="default docs/img/mujoco_ppo_<env>.png with the default --out, "
+                                                 "else a .png next to --out")
     ap.add_argument("--plot-only", action="store_true", help="only redraw --plot from --out")
     ap.add_argument("--worker", choices=["scalebox_ms", "sb3"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     name = args.env.split("-")[0].lower()
-    out = args.out or os.path.join(HERE, "results", f"compare_sb3_mujoco_{name}.json")
-    fig = args.plot or os.path.join(REPO, "docs", "img", f"mujoco_ppo_{name}.png")
+    default_out = os.path.join(HERE, "results", f"compare_sb3_mujoco_{name}.json")
+    out = args.out or default_out
+    fig = plot_path(args.plot, out, default_out, os.path.join(REPO, "docs", "img", f"mujoco_ppo_{name}.png"))
     from compare_sb3_atari import plot  # the same two-panel learning-curve figure
 
     if args.plot_only:

@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 from scalebox_ms.fileio import atomic_write_json
 from scalebox_ms.sandbox import peak_rss_bytes
 
@@ -166,7 +167,7 @@ def run_worker(lib: str, task: str, seed: int, steps: int | None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=DEFAULT_TASKS)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--seeds", type=at_least(0), nargs="+", default=[0])
     ap.add_argument("--steps", type=int, default=None,
                     help="env steps for every task (default: rl-zoo3's per task for SB3, the config's for ours)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "compare_sb3_offpolicy.json"))

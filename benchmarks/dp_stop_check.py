@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 from scalebox_ms.parallel.context import in_msrun, is_msrun_scheduler, serve_as_scheduler
 
 
@@ -42,8 +43,8 @@ def rank(calls: int) -> None:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--calls", type=int, default=500)
+    p.add_argument("--workers", type=at_least(2), default=2)
+    p.add_argument("--calls", type=at_least(1), default=500)
     args = p.parse_args(argv)
     if is_msrun_scheduler():
         serve_as_scheduler()

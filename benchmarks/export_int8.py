@@ -97,6 +97,9 @@ def main() -> None:
     ap.add_argument("--sizes-only", action="store_true", help="no evaluation or latency: file sizes only")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "export_int8.json"))
     args = ap.parse_args()
+    for flag, run in (("--cartpole-run", args.cartpole_run), ("--pendulum-run", args.pendulum_run)):
+        if run is not None and not os.path.isfile(os.path.join(run, "config.yaml")):
+            ap.error(f"{flag}: {run} is not a run directory (no config.yaml)")
 
     from scalebox_ms.config import load_config
     from scalebox_ms.trainers import PPOTrainer

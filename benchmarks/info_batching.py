@@ -11,6 +11,7 @@ import argparse
 import json
 import time
 
+from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
 import gymnasium as gym
 import numpy as np
 
@@ -33,9 +34,12 @@ def us_per_step(env_id: str, num_envs: int, steps: int, cut: bool) -> float:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--envs", nargs="+", default=["HalfCheetah-v5", "Pendulum-v1"])
-    p.add_argument("--num-envs", type=int, default=8)
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--num-envs", type=at_least(1), default=8)
+    p.add_argument("--steps", type=at_least(1), default=2000)
     args = p.parse_args(argv)
+    unknown = [e for e in args.envs if e not in gym.registry]
+    if unknown:
+        p.error(f"--envs: {', '.join(unknown)}: not a registered gymnasium env id")
     rows = []
     for env_id in args.envs:
         full, cut = (us_per_step(env_id, args.num_envs, args.steps, c) for c in (False, True))

@@ -97,6 +97,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.calls < 3:  # (the first two calls compile and warm up: the median is over the others)
         ap.error("--calls: must be >= 3")
+    if args.collect < 256:  # (the largest batch, SAC's: gradient steps on fewer rows time an empty buffer)
+        ap.error(f"--collect: must be >= 256 (SAC's batch size), got {args.collect}")
     if args.graph_kernel:
         import importlib.util
 

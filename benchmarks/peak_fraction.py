@@ -81,7 +81,7 @@ def flops_per_env_step(n_epochs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--peak-size", type=at_least(1), default=4096)
+    ap.add_argument("--peak-size", type=at_least(512), default=4096)
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--act-kernel", choices=("builtin", "custom"), default="builtin",
                     help="the acting call inside the compiled rollout: MindSpore ops or the fused C++ kernel")

@@ -34,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from bench_args import at_least, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
+from bench_args import at_least, plot_path, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -212,17 +212,22 @@ def plot(payload: dict, path: str) -> None:
     print(f"wrote {path}")
 
 
+DEFAULT_OUT = os.path.join(HERE, "results", "time_to_solve.json")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=list(TASKS))
     ap.add_argument("--seeds", nargs="+", type=at_least(0), default=[0, 1, 2])
     ap.add_argument("--episodes", type=at_least(1), default=10)
     ap.add_argument("--libs", nargs="+", default=["scalebox_ms", "sb3"], choices=["scalebox_ms", "sb3"])
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "time_to_solve.json"))
-    ap.add_argument("--plot", default=os.path.join(REPO, "docs", "img", "time_to_solve.png"))
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--plot", help="the figure (default: docs/img/time_to_solve.png with the default --out, else a "
+                                   ".png next to --out)")
     ap.add_argument("--plot-only", action="store_true", help="only redraw --plot from --out")
     ap.add_argument("--worker", nargs=5, metavar=("LIB", "TASK", "PRESET", "SEED", "LAUNCHED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.plot = plot_path(args.plot, args.out, DEFAULT_OUT, os.path.join(REPO, "docs", "img", "time_to_solve.png"))
     if args.plot_only:
         with open(results_to_plot(ap, args.out)) as f:
             plot(json.load(f), args.plot)
@@ -246,7 +251,7 @@ def main() -> None:
         spec = TASKS[task]
         jobs = [(lib, preset) for lib in args.libs
                 for preset in (spec["presets"] if lib == "scalebox_ms" else spec["presets"][:1])]
-        results = {}
+        results = dict(payload["results"].get(task, {}))  # (a library run before, to the same --out, stays)
         for lib, preset in jobs:
             label = f"{lib} {preset}" if lib == "scalebox_ms" else f"sb3 ({preset})"
             runs = []

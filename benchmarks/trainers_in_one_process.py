@@ -24,11 +24,14 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", metavar="SECTION.KEY=VALUE")
     ap.add_argument("--trainers", type=at_least(2), default=8)
     args = ap.parse_args()
+    path = os.path.join(REPO, "configs", f"{args.preset}.yaml")
+    if not os.path.isfile(path):
+        ap.error(f"preset: no {path}")
     from scalebox_ms import load_config
     from scalebox_ms.sandbox import current_rss_bytes
     from scalebox_ms.trainers import make_trainer
 
-    cfg = load_config(os.path.join(REPO, "configs", f"{args.preset}.yaml"), ["run.progress=false", *args.overrides])
+    cfg = load_config(path, ["run.progress=false", *args.overrides])
     rss = []
     for _ in range(args.trainers):
         trainer = make_trainer(cfg)

@@ -189,7 +189,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=at_least(1), default=200, help="timed calls per variant per round")
     ap.add_argument("--rounds", type=at_least(1), default=5)
-    ap.add_argument("--threads", type=int, default=0, help="MindSpore CPU threads (0: its default)")
+    ap.add_argument("--threads", type=at_least(0), default=0, help="MindSpore CPU threads (0: its default)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "update_kernel.json"))
     args = ap.parse_args()
 
