@@ -25,8 +25,8 @@ from typing import Any, Dict, List, Optional, Union
 import yaml
 
 from .config_offpolicy import ALGOS, POLICY_DEFAULTS, DQNConfig, SACConfig, TD3Config
-from .config_yaml import KeysOnly, coerce, load_yaml, set_field, unknown_key
-from .errors import ConfigError, first_line, short_repr
+from .config_yaml import KeysOnly, coerce, dump_yaml, load_yaml, set_field, unknown_key, yaml_problem
+from .errors import ConfigError, short_repr
 
 
 @dataclass
@@ -242,7 +242,7 @@ class Config(KeysOnly):
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in ALGOS or k == self.algo}
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return dump_yaml(self.to_dict())
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
@@ -306,7 +306,7 @@ class Config(KeysOnly):
                 value = load_yaml(raw, f"--set {path.strip()}", lines=False)
             except yaml.YAMLError as exc:
                 raise ConfigError(f"--set {path}: value {short_repr(raw)} is not valid YAML "
-                                  f"({first_line(exc)})") from None
+                                  f"({yaml_problem(exc)})") from None
             if parts == ["algo"]:
                 _switch_algo(data, value)
                 continue
@@ -387,7 +387,7 @@ def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> C
         except IsADirectoryError:
             raise ConfigError(f"config file is a directory: {path}") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: invalid YAML ({first_line(exc)})") from None
+            raise ConfigError(f"config file {path}: invalid YAML ({yaml_problem(exc)})") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config file {path}: not UTF-8 text") from None
         except OSError as exc:

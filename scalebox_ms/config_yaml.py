@@ -55,6 +55,15 @@ def load_yaml(stream, source: str, lines: bool = True) -> Any:
         loader.dispose()
 
 
+def yaml_problem(exc: "yaml.YAMLError") -> str:
+    """A YAML syntax error in one line: what is wrong and where (``found character '\\t' that cannot start any token
+    at line 4, column 1``); PyYAML's first line names only its context (``while scanning for the next token``)."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if not problem:
+        return first_line(exc)
+    return problem + (f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "")
+
+
 class _ConfigLoader(yaml.SafeLoader):
     source = "config"
     name_lines = True
@@ -65,11 +74,23 @@ class _ConfigLoader(yaml.SafeLoader):
         return node
 
 
+class _ConfigDumper(yaml.SafeDumper):
+    """safe_dump's dumper, quoting the strings :func:`load_yaml` reads as numbers (below): a string ``'1e5'`` in
+    ``env.kwargs`` was written unquoted to config.yaml and read back as 100000.0 (``--resume`` then refused the run
+    as edited, ``evaluate`` gave the env a float)."""
+
+
+def dump_yaml(data) -> str:
+    """``data`` as YAML text that :func:`load_yaml` reads back as the same values (keys in their order)."""
+    return yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False)
+
+
 # YAML 1.2's floats that YAML 1.1 (PyYAML) reads as strings: 1e-3, 1e5, 1.0e5 (no dot, or no exponent sign);
 # env.kwargs reach the env as read, so `--set env.kwargs.g=1e1` gave the env the string '1e1' ("1e1" quoted stays one)
-_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
-                                    list("-+0123456789."))
+for _cls in (_ConfigLoader, _ConfigDumper):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float",
+                               re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+                               list("-+0123456789."))
 
 
 class _Walk:

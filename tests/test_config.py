@@ -18,6 +18,16 @@ def test_defaults_roundtrip_through_yaml(tmp_path):
     assert load_config(str(path)) == cfg
 
 
+def test_strings_that_read_as_numbers_roundtrip_through_config_yaml(tmp_path):
+    """env.kwargs {'label': '1e5'} was written to config.yaml unquoted and read back as 100000.0: --resume refused
+    the run as edited, evaluate gave the env a float."""
+    kwargs = {"label": "1e5", "small": "1e-3", "dotted": "1.0e3", "number": 1e5, "nested": {"1e5": "2E+1"}}
+    cfg = Config.from_dict({"env": {"kwargs": kwargs}})
+    path = tmp_path / "c.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(str(path)).env.kwargs == kwargs
+
+
 def test_yaml_maps_onto_dataclasses(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("env: {id: Acrobot-v1, num_envs: 2}\nppo: {n_steps: 8, batch_size: 16, learning_rate: 3e-4}\n")
@@ -144,6 +154,10 @@ def test_missing_and_invalid_files(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("env: [unclosed\n")
     with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(str(bad))
+    bad.write_text("env:\n  id: CartPole-v1\nppo:\n\tn_steps: 64\n")  # (the problem and where, not PyYAML's context)
+    with pytest.raises(ConfigError, match=r"invalid YAML \(found character '\\t' that cannot start any token at line 4, "
+                                          r"column 1\)$"):
         load_config(str(bad))
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"\xff\xfe\x00junk")
