@@ -156,8 +156,8 @@ def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_config(str(bad))
     bad.write_text("env:\n  id: CartPole-v1\nppo:\n\tn_steps: 64\n")  # (the problem and where, not PyYAML's context)
-    with pytest.raises(ConfigError, match=r"invalid YAML \(found character '\\t' that cannot start any token at line 4, "
-                                          r"column 1\)$"):
+    tab = r"invalid YAML \(found character '\\t' that cannot start any token at line 4, column 1\)$"
+    with pytest.raises(ConfigError, match=tab):
         load_config(str(bad))
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"\xff\xfe\x00junk")
