@@ -98,6 +98,10 @@ def main(argv=None) -> int:
             raise ConfigError("--checkpoint: only with --resume DIR (it names the checkpoint to continue from)")
         if args.until is not None and args.until < 1:
             raise ConfigError(f"--until: must be >= 1, got {args.until}")
+        if args.until is not None and args.until >= 2**63:  # (before the run directory is written)
+            raise ConfigError(f"--until: expected a 64-bit integer, got {args.until}")
+        if args.run_dir is not None and not args.run_dir.strip():
+            raise ConfigError("--run-dir: empty (leave the flag out for the default runs/<env>_seed<N>_<time>)")
         if args.workers is not None and args.workers < 1:
             raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
         cfg = None

@@ -231,6 +231,16 @@ def test_atomic_path_keeps_the_extension_of_a_name_that_is_only_an_extension(tmp
     assert target.read_bytes() == b"weights" and os.listdir(tmp_path) == [".ckpt"]
 
 
+def test_a_file_that_cannot_be_replaced_is_named_not_its_temporary(tmp_path):
+    """A directory where summary.json goes: the error named the hidden temporary file, which was gone by then."""
+    from scalebox_ms.fileio import atomic_write_json
+
+    (tmp_path / "summary.json").mkdir()
+    with pytest.raises(IsADirectoryError) as exc:
+        atomic_write_json(str(tmp_path / "summary.json"), {})
+    assert exc.value.filename == str(tmp_path / "summary.json") and os.listdir(tmp_path) == ["summary.json"]
+
+
 def test_corrupt_and_mismatched_checkpoints_are_refused(tmp_path, small_cfg):
     a = PPOTrainer(small_cfg)
     path = a.save(str(tmp_path / "ck"))
