@@ -15,7 +15,8 @@ metrics.csv is cut back to that step). A run killed before its first checkpoint 
 The run's config.yaml must still match the config its checkpoint was trained with; only ``run.total_steps`` (to
 extend or shorten the run: the linear schedules follow the new horizon) and the bookkeeping keys
 ``run.progress``, ``run.checkpoint_every``, ``run.keep_checkpoints``, ``run.eval_episodes``, ``run.eval_every``,
-``run.stop_return``, ``run.save_replay``, ``parallel.timeout``, ``parallel.hang_timeout`` may be edited. With
+``run.stop_return``, ``run.save_replay``, ``parallel.timeout``, ``parallel.hang_timeout``, ``sandbox.memory_limit``
+may be edited. With
 ``run.eval_every`` and ``run.stop_return`` a run stops once an evaluation while training reaches the bar
 (``"status": "solved"``).
 

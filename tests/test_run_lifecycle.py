@@ -195,6 +195,20 @@ def test_resume_refuses_an_edited_config_but_allows_more_total_steps(run_copy):
     assert summary["global_step"] == 320 and summary["total_steps"] == 320 and summary["status"] == "completed"
 
 
+def test_a_run_stopped_by_its_memory_limit_resumes_with_another(run_copy):
+    """sandbox.memory_limit was refused as an edit: a run stopped by its limit could neither resume with a higher
+    one nor start again in its directory."""
+    _edit_config(run_copy, "memory_limit: null", "memory_limit: 64GB")
+    summary = train_run(resume=run_copy, log=quiet)
+    assert summary["status"] == "completed" and summary["global_step"] == 256
+
+
+def test_a_memory_limit_below_the_process_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(Exception, match=r"^sandbox\.memory_limit: this process uses \d+ MB, more than the limit"):
+        train_run(small_config(sandbox={"memory_limit": "1MB"}), run_dir=str(tmp_path / "run"), log=quiet)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_resume_with_nothing_to_train_says_so_and_how_to_train_on(run_copy):
     """--resume of a finished run, or with --until at or below its step, logged 'resumed ... at step N' and exited 0
     having trained nothing, without a word on why or how to go on."""

@@ -151,13 +151,20 @@ def config_changes(trained: dict, current: dict, free=RESUMABLE_KEYS) -> List[st
             for k in sorted(set(old) | set(new)) if k not in free and old.get(k) != new.get(k)]
 
 
+# also editable in a run's config.yaml before --resume (not on a built trainer's config: its Sandbox holds it): a run
+# stopped by its memory limit continues with a higher one
+RESUME_ONLY_KEYS = ("sandbox.memory_limit",)
+
+
 def check_config_unchanged(run_dir: str, prefix: str, trained: dict, current: dict) -> None:
-    """Refuse a config.yaml edited since the checkpoint was written (except :data:`RESUMABLE_KEYS`)."""
-    changed = config_changes(trained, current)
+    """Refuse a config.yaml edited since the checkpoint was written (except :data:`RESUMABLE_KEYS` and
+    :data:`RESUME_ONLY_KEYS`)."""
+    free = RESUMABLE_KEYS + RESUME_ONLY_KEYS
+    changed = config_changes(trained, current, free=free)
     if changed:
         raise ConfigError(f"--resume {run_dir}: config.yaml differs from the config {os.path.basename(prefix)} was "
                           f"trained with: {', '.join(changed)} (checkpoint -> config.yaml); only "
-                          f"{', '.join(RESUMABLE_KEYS)} may change on resume")
+                          f"{', '.join(free)} may change on resume")
 
 
 def truncate_metrics(path: str, global_step: int) -> None:

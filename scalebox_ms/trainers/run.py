@@ -295,6 +295,7 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
             # the envs' first (seeded) reset, without training: an env whose first observations do not fit its
             # spaces fails here, before the run directory is written
             trainer.learn(until=0)
+            trainer.sandbox.check_memory()  # (a limit below what the process uses already: before anything is written)
             if trainer.dist.is_main:  # data parallel: the run directory is rank 0's to write
                 try:
                     os.makedirs(run_dir, exist_ok=True)
