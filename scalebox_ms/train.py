@@ -16,9 +16,8 @@ The run's config.yaml must still match the config its checkpoint was trained wit
 extend or shorten the run: the linear schedules follow the new horizon) and the bookkeeping keys
 ``run.progress``, ``run.checkpoint_every``, ``run.keep_checkpoints``, ``run.eval_episodes``, ``run.eval_every``,
 ``run.stop_return``, ``run.save_replay``, ``parallel.timeout``, ``parallel.hang_timeout``, ``sandbox.memory_limit``
-may be edited. With
-``run.eval_every`` and ``run.stop_return`` a run stops once an evaluation while training reaches the bar
-(``"status": "solved"``).
+may be edited. With ``run.eval_every`` and ``run.stop_return`` a run stops once an evaluation while training
+reaches the bar (``"status": "solved"``).
 
 Ctrl-C (SIGINT), SIGTERM or SIGHUP stops at the end of the current iteration with a checkpoint and summary.json
 (``"status": "interrupted"``), exit code 130, 143 or 129; a second one aborts at once. With ``--workers`` the
