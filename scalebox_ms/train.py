@@ -45,7 +45,7 @@ def build_parser():
                    help="override a config value (YAML syntax), repeatable")
     p.add_argument("--seed", type=int, help="shortcut for --set run.seed=N")
     p.add_argument("--total-steps", type=int, help="shortcut for --set run.total_steps=N (also the schedules' horizon)")
-    p.add_argument("--run-dir", help="where to write the run (default runs/<env>_seed<N>_<time>)")
+    p.add_argument("--run-dir", help="where to write the run (default runs/<env>_seed<N>_<time>_<pid>)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint; its "
                    "config.yaml may only change run.total_steps (to extend the run) and bookkeeping keys")
     p.add_argument("--checkpoint", metavar="FILE",
@@ -94,6 +94,8 @@ def main(argv=None) -> int:
             raise ConfigError("--resume continues a run with its own config; "
                               "--config/--set/--seed/--total-steps/--run-dir cannot be combined with it (to train "
                               "longer or shorter, edit run.total_steps in the run's config.yaml)")
+        if args.checkpoint is not None and not args.checkpoint.strip():
+            raise ConfigError("--checkpoint: empty (leave the flag out for the run's latest checkpoint)")
         if args.checkpoint and not args.resume:
             raise ConfigError("--checkpoint: only with --resume DIR (it names the checkpoint to continue from)")
         if args.until is not None and args.until < 1:
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
         if args.until is not None and args.until >= 2**63:  # (before the run directory is written)
             raise ConfigError(f"--until: expected a 64-bit integer, got {args.until}")
         if args.run_dir is not None and not args.run_dir.strip():
-            raise ConfigError("--run-dir: empty (leave the flag out for the default runs/<env>_seed<N>_<time>)")
+            raise ConfigError("--run-dir: empty (leave the flag out for the default runs/<env>_seed<N>_<time>_<pid>)")
         if args.workers is not None and args.workers < 1:
             raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
         cfg = None

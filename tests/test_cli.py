@@ -159,6 +159,15 @@ def test_bad_input_one_line_exit_2_and_no_run_dir(tmp_path, args, culprit):
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize("args, words", [(["--run-dir", " "], "--run-dir: empty"),
+                                          (["--resume", "x", "--checkpoint", ""], "--checkpoint: empty")])
+def test_empty_paths_are_refused_not_taken_for_the_default(tmp_path, args, words):
+    """--run-dir "" trained into the default directory; --checkpoint "" said: no checkpoint found in ."""
+    r = run_module("train", *args, "--no-progress")
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {words}"), r.stderr
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.integration
 def test_resume_and_evaluate_refuse_bad_paths(tmp_path):
     r = run_module("train", "--resume", tmp_path / "nothing", "--no-progress")

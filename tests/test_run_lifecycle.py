@@ -737,3 +737,4 @@ def test_the_default_run_directory_is_one_directory_named_after_the_env(env_id, 
     cfg = small_config(env={"id": env_id}, run={"seed": 4})
     head, tail = os.path.split(default_run_dir(cfg))
     assert head == "runs" and tail.startswith(f"{name}_seed4_") and ":" not in tail
+    assert tail.endswith(f"_{os.getpid()}")  # (two runs started in the same second collided)

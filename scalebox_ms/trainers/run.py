@@ -197,10 +197,12 @@ def _follow(trainer, until: Optional[int], stopper: StopOnSignal):
 
 
 def default_run_dir(cfg: Config) -> str:
-    """``runs/<env id>_seed<N>_<time>``, the env id's path and module separators as dashes (``ALE/Breakout-v5``:
-    ``runs/ALE-Breakout-v5_...``, not a nested ``runs/ALE/``; ``my_envs:Corridor-v0`` without a colon)."""
+    """``runs/<env id>_seed<N>_<time>_<pid>``, the env id's path and module separators as dashes
+    (``ALE/Breakout-v5``: ``runs/ALE-Breakout-v5_...``, not a nested ``runs/ALE/``; ``my_envs:Corridor-v0`` without a
+    colon). The process id keeps a sweep's runs started in the same second apart (one of them was refused, the
+    directory in use)."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.env.id).strip(".-") or "env"
-    return os.path.join("runs", f"{name}_seed{cfg.run.seed}_{time.strftime('%Y%m%d-%H%M%S')}")
+    return os.path.join("runs", f"{name}_seed{cfg.run.seed}_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}")
 
 
 def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resume: Optional[str] = None,
