@@ -236,3 +236,13 @@ def space_refusal(algo: str, spec, env_id: str) -> Optional[str]:
         return None
     other = {"Discrete": "dqn or ppo", "Box": "sac or td3"}.get(has, "ppo")
     return f"algo: {algo} needs a {needs} action space; {env_id} has {has} actions (use {other})"
+
+
+def warn_if_warm_up_only(cfg, log, training: bool) -> None:
+    """Log a warning when ``learn`` is about to run (``training``) a run whose ``learning_starts`` is at or past its
+    ``run.total_steps``: every step is a random warm-up action and no gradient step ever runs (the run completed
+    with n_updates 0, without a word)."""
+    o = cfg.algo_config
+    if training and o.learning_starts >= cfg.run.total_steps:
+        log.warning(f"{cfg.algo}.learning_starts {o.learning_starts} >= run.total_steps {cfg.run.total_steps}: every "
+                    "step of this run is a random warm-up action and no gradient step runs")

@@ -535,6 +535,21 @@ def test_corrupt_replay_file_is_refused(tmp_path):
         _train_run(None, None, resume=str(tmp_path / "r"), checkpoint=str(ckdir / replay[: -len(".replay.npz")]))
 
 
+@pytest.mark.parametrize("learning_starts, warned", [(64, True), (40, False)])
+def test_a_run_that_never_reaches_learning_starts_says_so(caplog, learning_starts, warned):
+    """A run whose learning_starts is at or past its total_steps completed with n_updates 0, without a word."""
+    from scalebox_ms.trainers import make_trainer
+
+    t = make_trainer(dqn_config(learning_starts=learning_starts))
+    try:
+        with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+            t.learn(64)
+        words = "dqn.learning_starts 64 >= run.total_steps 64: every step of this run is a random warm-up action"
+        assert (words in caplog.text) is warned and (t.n_updates == 0) is warned
+    finally:
+        t.close()
+
+
 def test_a_lost_replay_file_refused_on_resume_unless_the_run_does_without_its_replay(tmp_path, caplog):
     """The latest checkpoint's replay file damaged or deleted (the disk, a user freeing space): the resume was
     refused even with run.save_replay: false in config.yaml, so the run could only go back to an older checkpoint.

@@ -34,7 +34,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from ..config import Config
-from ..config_offpolicy import space_refusal
+from ..config_offpolicy import space_refusal, warn_if_warm_up_only
 from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
 from . import checkpoint
@@ -229,6 +229,7 @@ class OffPolicyTrainer(Trainer):
         earlier without changing the schedules. Both stop at the first training-phase boundary at or past them
         (``train_freq x num_envs`` env steps; the last iteration is cut short)."""
         stop_at, callbacks = self._start_learning(total_steps, until, callbacks)
+        warn_if_warm_up_only(self.config, self.log, stop_at > self.global_step)
         while self.global_step < stop_at:
             # (an exception out of the iteration, Ctrl-C in your own script or an env's error, leaves it cut: the
             # envs and the training stream may have moved before the counters did; see Trainer.save)
