@@ -31,6 +31,10 @@ _CHOICES = {
 }
 
 
+
+#: the most CPU threads sandbox.threads may ask for (MindSpore's CPU thread setters take a 32-bit int)
+MAX_THREADS = 4096
+
 def validate(cfg: Config) -> None:
     """Every check of a config value (one message per key, naming it): each section's own checks, then the
     checks that relate sections. Classes that library users may build directly validate their arguments with
@@ -184,6 +188,8 @@ def _check_run(r: RunConfig) -> None:
 def _check_sandbox(s: SandboxConfig) -> None:
     _choices("sandbox", s)
     _check(s.threads >= 0, "sandbox.threads", f"must be >= 0 (0: automatic), got {short_repr(s.threads)}")
+    _check(s.threads <= MAX_THREADS, "sandbox.threads",  # (MindSpore's setter took 2**32 as a TypeError traceback)
+           f"must be <= {MAX_THREADS}, got {short_repr(s.threads)}")
     _check(s.device_id >= 0, "sandbox.device_id", f"must be >= 0, got {short_repr(s.device_id)}")
     _check(s.step_timeout > 0, "sandbox.step_timeout", f"must be > 0, got {short_repr(s.step_timeout)}")
     parse_bytes(s.memory_limit, "sandbox.memory_limit")

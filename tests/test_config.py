@@ -316,7 +316,7 @@ def test_custom_act_kernel_with_amp_is_refused_at_config_time():
 
 
 @pytest.mark.parametrize("kwargs, culprit", [
-    ({"threads": -1}, "sandbox.threads: must be >= 0"),
+    ({"threads": -1}, "sandbox.threads: must be >= 0"), ({"threads": 2**32}, "sandbox.threads: must be <= 4096"),
     ({"step_timeout": 0}, "sandbox.step_timeout: must be > 0"),
     ({"isolation_level": "strict", "worker_memory_limit": "10MB"}, "sandbox.worker_memory_limit: must be at least"),
     ({"device": "tpu"}, "sandbox.device: 'tpu' is not one of"),
