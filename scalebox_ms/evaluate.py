@@ -19,7 +19,7 @@ def build_parser():
     src.add_argument("--run", help="run directory written by scalebox_ms.train")
     src.add_argument("--mindir", help="a policy exported by scalebox_ms.export (fp32 or INT8)")
     p.add_argument("--checkpoint", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
-    p.add_argument("--episodes", type=int, default=20)
+    p.add_argument("--episodes", type=int, default=20, help="episodes to play (default 20)")
     p.add_argument("--seed", type=int, help="seed of the evaluation envs (default: the run's run.seed + 10000, as "
                    "its own evaluations; 10000 with --mindir)")
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of the deterministic policy")

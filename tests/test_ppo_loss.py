@@ -180,3 +180,15 @@ def test_learning_rate_input_reaches_the_optimizer():
     large = np.abs(model.pi_net[0].weight.asnumpy() - w1).max()
     assert small > 0 and large > 5 * small
     assert float(step.optimizer.learning_rate.asnumpy()) == pytest.approx(0.1)
+
+
+def test_explained_variance_of_no_samples_is_nan_without_a_numpy_warning():
+    """A rollout without a valid sample (ppo.n_steps=1, one env) printed numpy's 'Degrees of freedom <= 0' warnings."""
+    import warnings
+
+    from scalebox_ms.trainers.ppo import _explained_variance
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan(_explained_variance(np.zeros(0), np.zeros(0)))
+    assert _explained_variance(np.array([1.0, 2.0]), np.array([1.0, 2.0])) == 1.0

@@ -293,5 +293,7 @@ def _pipeline_refusal(device: str, stages: int) -> str:
 
 
 def _explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    if len(y_true) == 0:  # (a rollout without a valid sample: np.var warned "Degrees of freedom <= 0" on stderr)
+        return float("nan")
     var_y = np.var(y_true)
-    return float("nan") if var_y == 0 or len(y_true) == 0 else float(1.0 - np.var(y_true - y_pred) / var_y)
+    return float("nan") if var_y == 0 else float(1.0 - np.var(y_true - y_pred) / var_y)
