@@ -17,6 +17,21 @@ def test_a_rollout_larger_than_memory_is_refused_at_construction():
         PPOTrainer(small_config(ppo={"n_steps": 10**12, "batch_size": 32}))
 
 
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_networks_larger_than_memory_are_refused_at_construction(algo):
+    """A layer of 10**12 units ended in numpy's MemoryError traceback (14.6 TiB) while the networks were built."""
+    from scalebox_ms import Config
+    from scalebox_ms.trainers import make_trainer
+    from scalebox_ms.trainers.memory import network_bytes
+
+    env = "CartPole-v1" if algo == "ppo" else "Pendulum-v1"
+    cfg = Config.from_dict({"algo": algo, "env": {"id": env, "num_envs": 1}, "policy": {"pi_layers": [10**12]}})
+    with pytest.raises(ConfigError, match=r"^policy\.pi_layers/vf_layers: a policy of \[1000000000000\] and a value "
+                                          r"net of \[.*\] needs about .* more than"):
+        make_trainer(cfg)
+    assert network_bytes(4, 2, [64, 64], [64, 64]) < 2**20  # (the presets' networks: far below any machine)
+
+
 def test_sandbox_memory_limit_bounds_the_estimate():
     from scalebox_ms.trainers.memory import available_bytes, check_fits
 

@@ -106,6 +106,7 @@ class Trainer:
 
     def _make_collector(self, num_envs: int, rank: int = 0, reducer=None, stream=None):
         from .collector import RolloutCollector
+        from .memory import check_fits, network_bytes
 
         # rank r draws from stream r of the seed (rank 0 = the single-process stream); ``stream`` picks another
         # stream of the seed (PCG64([seed, stream])), independent of the envs' own generators
@@ -113,6 +114,10 @@ class Trainer:
         rng = np.random.Generator(np.random.PCG64(seed if stream is None else [seed, stream]).jumped(rank))
         self.collector = RolloutCollector(self.config, self.sandbox, rng, num_envs, rank=rank, reducer=reducer)
         self.spec = self.collector.spec
+        p = self.config.policy  # (a layer of 10**12 units: numpy's MemoryError traceback, 14.6 TiB, while building)
+        check_fits("policy.pi_layers/vf_layers", f"a policy of {p.pi_layers} and a value net of {p.vf_layers}",
+                   network_bytes(self.spec.obs_dim, self.spec.action_width, p.pi_layers, p.vf_layers),
+                   getattr(self.sandbox, "memory_limit_bytes", None))
         return self.collector
 
     # ------------------------------------------------------------------ the parts, as attributes users know

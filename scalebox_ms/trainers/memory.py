@@ -57,3 +57,17 @@ def check_fits(key: str, what: str, need: int, limit: Optional[int] = None) -> N
     if budget is not None and need > budget:
         raise ConfigError(f"{key}: {what} needs about {_size(need)} of host memory, more than the {_size(budget)} "
                           f"{source}")
+
+
+#: float32 copies of each network parameter a trainer holds, at most: the weights, Adam's two moments, the gradient,
+#: the C++ kernels' padded and transposed copies; off-policy trainers add target networks (and twin critics)
+PARAMETER_COPIES = 8
+
+
+def network_bytes(obs_dim: int, action_width: int, pi_layers, vf_layers) -> int:
+    """Host bytes of the policy and value MLPs (``obs_dim`` -> layers -> head) times :data:`PARAMETER_COPIES`."""
+    count = 0
+    for layers, head in ((pi_layers, 2 * action_width), (vf_layers, 2 * action_width + 1)):
+        sizes = [obs_dim, *layers, head]
+        count += sum(int(a) * int(b) + int(b) for a, b in zip(sizes, sizes[1:]))
+    return 4 * PARAMETER_COPIES * count
