@@ -195,6 +195,20 @@ def test_resume_refuses_an_edited_config_but_allows_more_total_steps(run_copy):
     assert summary["global_step"] == 320 and summary["total_steps"] == 320 and summary["status"] == "completed"
 
 
+def test_an_edited_env_kwarg_is_named_alone_in_the_refusal():
+    """The resume diff printed the whole env.kwargs dict on each side, and the error's length cap cut out exactly
+    the part that differed."""
+    from scalebox_ms import Config
+    from scalebox_ms.trainers.lifecycle import config_changes
+
+    def kwargs(**changed):
+        return Config.from_dict({"env": {"kwargs": {"label": "x" * 300, "g": 9.8, **changed}}}).to_dict()
+
+    assert config_changes(kwargs(), kwargs(g=3.7)) == ["env.kwargs.g=9.8 -> 3.7"]
+    assert config_changes(kwargs(), Config().to_dict())[0].startswith("env.kwargs.g=9.8 -> (absent)")
+    assert config_changes(Config().to_dict(), Config().to_dict()) == []
+
+
 def test_a_run_stopped_by_its_memory_limit_resumes_with_another(run_copy):
     """sandbox.memory_limit was refused as an edit: a run stopped by its limit could neither resume with a higher
     one nor start again in its directory."""

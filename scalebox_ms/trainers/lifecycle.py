@@ -122,12 +122,14 @@ def remove_stale_temporaries(run_dir: str, log=None) -> None:
 
 
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
+    """``section.key`` -> value; ``env.kwargs`` one level further (``env.kwargs.<name>``), so a changed kwarg is named
+    alone (the whole dict on each side was cut by the error's length cap just where it differed)."""
     out: Dict[str, object] = {}
     for k, v in d.items():
-        if isinstance(v, dict) and prefix == "":
-            out.update(_flatten(v, f"{k}."))
+        if isinstance(v, dict) and (prefix == "" or (prefix == "env." and k == "kwargs")):
+            out.update(_flatten(v, f"{prefix}{k}."))
         else:
-            out[prefix + k] = v
+            out[prefix + str(k)] = v
     return out
 
 
