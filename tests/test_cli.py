@@ -168,6 +168,13 @@ def test_empty_paths_are_refused_not_taken_for_the_default(tmp_path, args, words
     assert os.listdir(tmp_path) == []
 
 
+def test_a_file_given_as_run_dir_is_named_as_a_file(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    r = run_module("train", "--run-dir", tmp_path / "notes.txt", "--no-progress")
+    assert r.returncode == 2 and r.stderr == f"error: --run-dir {tmp_path / 'notes.txt'}: is a file, not a directory\n"
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.integration
 def test_resume_and_evaluate_refuse_bad_paths(tmp_path):
     r = run_module("train", "--resume", tmp_path / "nothing", "--no-progress")

@@ -250,6 +250,8 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         else:
             cfg = cfg if cfg is not None else Config()
             run_dir = run_dir or default_run_dir(cfg)
+            if os.path.exists(run_dir) and not os.path.isdir(run_dir):  # (was "already exists and is not empty")
+                raise ConfigError(f"--run-dir {run_dir}: is a file, not a directory")
             if first_rank and in_use(run_dir):
                 raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
         return _train(cfg, run_dir, prefix, resume is not None, until, progress, log, profile, distributed, lock,
