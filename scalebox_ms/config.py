@@ -392,12 +392,18 @@ def load_config(path: Optional[str], overrides: Optional[List[str]] = None) -> C
             raise ConfigError(f"config file {path}: not UTF-8 text") from None
         except OSError as exc:
             raise ConfigError(f"config file {path}: cannot read ({exc.strerror})") from None
+        run = os.path.isdir(os.path.join(os.path.dirname(path), "checkpoints"))  # (a run's config.yaml, --resume)
         if data is None:  # (an empty file, or comments only: most likely not the file meant)
-            raise ConfigError(f"config file {path}: empty (no settings); leave out --config for the defaults")
+            raise ConfigError(f"config file {path}: empty (no settings); " + (
+                "the config each checkpoint was trained with is in its checkpoints/ckpt_<step>.json ('config')"
+                if run else "leave out --config for the defaults"))
         if not isinstance(data, dict):  # (e.g. a text file that is one YAML string)
             raise ConfigError(f"config file {path}: expected a mapping of sections (env:, ppo:, run:, ...), got "
                               f"{type(data).__name__}")
-        cfg = Config.from_dict(data)
+        try:
+            cfg = Config.from_dict(data)
+        except ConfigError as exc:  # (a key or value of the file: name the file, as for its syntax)
+            raise ConfigError(f"config file {path}: {exc}") from None
     if overrides:
         cfg = cfg.with_overrides(overrides)
     return cfg

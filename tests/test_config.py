@@ -148,6 +148,19 @@ def test_a_preset_is_found_by_its_name_outside_a_source_checkout(tmp_path, monke
         load_config("ppo_pendulm.yaml")
 
 
+def test_a_bad_key_in_a_file_names_the_file_and_an_empty_runs_config_says_where_its_config_is(tmp_path):
+    """'run: unknown key' did not say which file; an empty run config.yaml (--resume) was told to leave out --config."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run:\n  bogus: 1\n")
+    with pytest.raises(ConfigError, match=rf"^config file {re.escape(str(bad))}: run: unknown key 'bogus'"):
+        load_config(str(bad))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "config.yaml").write_text("")
+    with pytest.raises(ConfigError, match=r"config\.yaml: empty \(no settings\); the config each checkpoint was "
+                                          r"trained with is in its checkpoints/ckpt_<step>\.json \('config'\)$"):
+        load_config(str(tmp_path / "config.yaml"))
+
+
 def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(str(tmp_path / "nope.yaml"))
