@@ -322,6 +322,10 @@ def test_evaluation_episodes_of_an_env_without_a_step_limit_end(caplog, monkeypa
     assert run_episodes("CliffWalking-v1", {"max_episode_steps": -1}, up, episodes=1) == [-float(EVAL_MAX_EPISODE_STEPS)]
     balance = run_episodes("CartPole-v1", None, lambda obs: (obs[:, 2] + obs[:, 3] > 0).astype(np.int64), episodes=2)
     assert balance == [500.0, 500.0]  # a policy that balances is still cut by CartPole's own 500-step limit
+    caplog.clear()  # (CartPole has a limit of its own: -1 took it away, it is not "registered without" one)
+    with caplog.at_level(logging.INFO, logger="scalebox_ms"):
+        run_episodes("CartPole-v1", {"max_episode_steps": -1}, lambda obs: np.zeros(len(obs), np.int64), episodes=1)
+    assert "CartPole-v1 runs without an episode step limit (env.kwargs.max_episode_steps: -1)" in caplog.text
 
 
 def test_cartpole_uses_gymnasiums_vector_env_only_for_batches_it_makes_faster():

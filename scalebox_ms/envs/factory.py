@@ -33,15 +33,18 @@ EVAL_MAX_EPISODE_STEPS = 10_000
 _capped = set()
 
 
-def _log_eval_cap(env_id: str) -> None:
+def _log_eval_cap(env_id: str, removed: bool = False) -> None:
+    """Log once per env id that evaluation caps its episodes (``removed``: env.kwargs.max_episode_steps -1 took
+    away the limit it is registered with)."""
     if env_id not in _capped:
         _capped.add(env_id)
         import logging
 
+        why = ("runs without an episode step limit (env.kwargs.max_episode_steps: -1)" if removed else
+               "is registered without an episode step limit (max_episode_steps)")
         logging.getLogger("scalebox_ms").info(
-            "%s is registered without an episode step limit (max_episode_steps): evaluation episodes are cut "
-            "(truncated) at %d steps unless the env ends them sooner (set env.kwargs.max_episode_steps to choose a "
-            "limit)", env_id, EVAL_MAX_EPISODE_STEPS)
+            "%s %s: evaluation episodes are cut (truncated) at %d steps unless the env ends them sooner (set "
+            "env.kwargs.max_episode_steps to choose a limit)", env_id, why, EVAL_MAX_EPISODE_STEPS)
 
 
 def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none", step_timeout: float = 10.0,
@@ -97,8 +100,9 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     # (env.kwargs.max_episode_steps -1: gymnasium's "no TimeLimit", as for an env registered without one)
     unlimited = kwargs.get("max_episode_steps", spec.max_episode_steps) in (None, -1)
     if evaluation and unlimited and not ale:  # (ALE cuts its games itself: max_num_frames_per_episode)
+        removed = kwargs.get("max_episode_steps") == -1
         kwargs["max_episode_steps"] = EVAL_MAX_EPISODE_STEPS
-        _log_eval_cap(env_id)
+        _log_eval_cap(env_id, removed)
     try:
         if isolation in ("process", "strict"):
             from .isolated import IsolatedVectorEnv, WorkerFailure
