@@ -197,7 +197,7 @@ def main() -> None:
         payload["train_ratio"] = ratio
         atomic_write_json(args.out, payload)
     print(f"wrote {args.out}")
-    os.makedirs(os.path.dirname(args.plot), exist_ok=True)
+    os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
     plot(payload, args.plot)
 
 

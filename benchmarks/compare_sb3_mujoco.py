@@ -141,7 +141,7 @@ def main() -> None:
         print(f"wall-time ratio scalebox_ms / sb3: {payload['train_ratio']:.2f}x")
         atomic_write_json(out, payload)
     print(f"wrote {out}")
-    os.makedirs(os.path.dirname(fig), exist_ok=True)
+    os.makedirs(os.path.dirname(fig) or ".", exist_ok=True)
     plot(payload, fig, "episode")
 
 

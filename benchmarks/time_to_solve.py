@@ -269,7 +269,9 @@ def main() -> None:
                     f"solved at {run['steps']:>8d} steps, {run['e2e_s']:7.2f} s end to end, {run['train_s']:7.2f} s "
                     f"training" if run["solved"] else f"not solved in {run['steps']} steps (best {run['best']})"),
                     flush=True)
-            results[label] = {"lib": lib, "preset": preset, "runs": runs, **_summary(runs)}
+            # (its own seeds and episodes: an entry kept from an earlier run to this --out may have others)
+            results[label] = {"lib": lib, "preset": preset, "runs": runs, "seeds": args.seeds,
+                              "episodes": args.episodes, **_summary(runs)}
             payload["results"][task] = results
             payload["task_dates"][task] = time.strftime("%Y-%m-%d %H:%M")
             atomic_write_json(args.out, payload)  # saved as each (library, preset) finishes
@@ -281,7 +283,7 @@ def main() -> None:
                       f"{entry['e2e_ratio_vs_sb3']:.2f}x SB3's {sb3['e2e_s']['median']:.2f} s")
         atomic_write_json(args.out, payload)
     print(f"wrote {args.out}")
-    os.makedirs(os.path.dirname(args.plot), exist_ok=True)
+    os.makedirs(os.path.dirname(args.plot) or ".", exist_ok=True)
     plot(payload, args.plot)
 
 

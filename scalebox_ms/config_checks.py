@@ -30,10 +30,9 @@ _CHOICES = {
     ("amp", "dtype"): ("float16", "bfloat16"),
 }
 
-
-
 #: the most CPU threads sandbox.threads may ask for (MindSpore's CPU thread setters take a 32-bit int)
 MAX_THREADS = 4096
+
 
 def validate(cfg: Config) -> None:
     """Every check of a config value (one message per key, naming it): each section's own checks, then the

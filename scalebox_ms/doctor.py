@@ -153,9 +153,10 @@ def collective_check(name: str, workers: int, timeout: float = 180) -> Dict[str,
     from .parallel import launcher
 
     check = f"collective:{name}"
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # (this package's, also from a checkout)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = launcher.msrun_env(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    if os.path.isfile(os.path.join(here, "pyproject.toml")):  # (a checkout, not installed: the probe imports it)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="scalebox-ms-doctor-") as logs:
         try:
             cmd = launcher.msrun_command(workers, launcher.free_port(), logs, timeout,

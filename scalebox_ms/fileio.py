@@ -80,13 +80,14 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 @contextmanager
 def errors_named(path: str) -> Iterator[None]:
     """An OSError of the block that names no file (a write, flush or fsync error: a full disk would read only "No
-    space left"), or that names the temporary file (hidden, beside ``path``) that was to replace it (``os.replace``
-    onto a directory: "Is a directory" named a file that no longer exists), is raised again naming ``path``."""
+    space left"), or that names the temporary file (``.tmp-...`` beside ``path``) that was to replace it
+    (``os.replace`` onto a directory: "Is a directory" named a file that no longer exists), is raised again naming
+    ``path``."""
     try:
         yield
     except OSError as exc:
         named = exc.filename
-        temporary = isinstance(named, str) and os.path.basename(named).startswith(".") and \
+        temporary = isinstance(named, str) and os.path.basename(named).startswith(".tmp-") and \
             os.path.dirname(os.path.abspath(named)) == os.path.dirname(os.path.abspath(path))
         if named is None or temporary:
             raise OSError(exc.errno, exc.strerror, path) from None

@@ -170,8 +170,9 @@ def _fake_msrun(tmp_path, monkeypatch, log_lines, then=""):
       1: ["{not json", "RuntimeError: Failed to initialize distributed job cluster"]},
      "fail", r"2-rank msrun job failed after \d+ s \(1 rank\(s\) joined; worker_1.log: RuntimeError: Failed to "
              r"initialize distributed job cluster\): train --workers cannot run on this backend$"),
-    ({r: [f"ModuleNotFoundError: rank {r}"] for r in range(12)}, "fail",  # (the first rank's, in rank order)
-     r"12-rank msrun job failed after \d+ s \(0 rank\(s\) joined; worker_0.log: ModuleNotFoundError: rank 0\)"),
+    ({r: [f'{{"rank": {r}, "world_size": 12, "backend": "mccl", "ok": true, "seconds": 1.0}}'] if r < 2 else
+      [f"ModuleNotFoundError: rank {r}"] for r in range(12)}, "fail",  # (the first failing rank's: 2, not 10)
+     r"12-rank msrun job failed after \d+ s \(2 rank\(s\) joined; worker_2.log: ModuleNotFoundError: rank 2\)"),
     ({r: [f'{{"rank": {r}, "world_size": 2, "backend": "mccl", "ok": {str(r == 0).lower()}, "seconds": 1.0}}']
       for r in (0, 1)}, "fail", "2 ranks joined over mccl, but the all-gather or all-reduce gave wrong values$"),
     ({r: [f'{{"rank": {r}, "world_size": 2, "backend": "mccl", "ok": true, "seconds": 1.0}}'] for r in (0, 1)},

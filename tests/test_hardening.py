@@ -21,6 +21,7 @@ def test_a_rollout_larger_than_memory_is_refused_at_construction():
 def test_networks_larger_than_memory_are_refused_at_construction(algo):
     """A layer of 10**12 units ended in numpy's MemoryError traceback (14.6 TiB) while the networks were built."""
     from scalebox_ms import Config
+    from scalebox_ms.envs.spaces import SpaceSpec
     from scalebox_ms.trainers import make_trainer
     from scalebox_ms.trainers.memory import network_bytes
 
@@ -29,7 +30,13 @@ def test_networks_larger_than_memory_are_refused_at_construction(algo):
     with pytest.raises(ConfigError, match=r"^policy\.pi_layers/vf_layers: a policy of \[1000000000000\] and a value "
                                           r"net of \[.*\] needs about .* more than"):
         make_trainer(cfg)
-    assert network_bytes(4, 2, [64, 64], [64, 64]) < 2**20  # (the presets' networks: far below any machine)
+    spec = SpaceSpec(obs_dim=4, discrete=True, action_dim=2)
+    policy = Config().policy
+    assert network_bytes(spec, policy) < 2**20  # (the presets' networks: far below any machine)
+    raw_atari = SpaceSpec(obs_dim=3 * 210 * 160, discrete=True, action_dim=4, image_shape=(3, 210, 160))
+    policy.pi_layers = policy.vf_layers = [512, 512]  # (the MLPs read the CNN's 512 features, not 100,800 pixels)
+    assert network_bytes(raw_atari, policy) == network_bytes(SpaceSpec(obs_dim=512, discrete=True, action_dim=4),
+                                                             policy) < 2**26
 
 
 def test_sandbox_memory_limit_bounds_the_estimate():

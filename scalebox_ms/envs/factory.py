@@ -192,9 +192,10 @@ def _probed(env, env_id: str, kwargs):
         call = "step"
         env.step(env.action_space.sample())
     except Exception as exc:
+        # (asked before the env is closed, and only of an unpacking-like error: it runs the env's reset again)
+        old_api = _old_gym_api(env) if isinstance(exc, (ValueError, TypeError)) else None
         close_env(env, env_id)
         what = "cannot reset" if call == "reset" else "fails its first step"
-        old_api = _old_gym_api(env)
         if old_api:
             raise ConfigError(f"env.id: {short_repr(env_id)} follows gym's older API ({old_api}); scalebox_ms needs "
                               "gymnasium's: reset() -> (observation, info), step() -> (observation, reward, "

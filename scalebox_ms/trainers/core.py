@@ -116,7 +116,7 @@ class Trainer:
         self.spec = self.collector.spec
         p = self.config.policy  # (a layer of 10**12 units: numpy's MemoryError traceback, 14.6 TiB, while building)
         check_fits("policy.pi_layers/vf_layers", f"a policy of {p.pi_layers} and a value net of {p.vf_layers}",
-                   network_bytes(self.spec.obs_dim, self.spec.action_width, p.pi_layers, p.vf_layers),
+                   network_bytes(self.spec, p),
                    getattr(self.sandbox, "memory_limit_bytes", None))
         return self.collector
 

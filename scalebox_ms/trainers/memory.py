@@ -64,10 +64,16 @@ def check_fits(key: str, what: str, need: int, limit: Optional[int] = None) -> N
 PARAMETER_COPIES = 8
 
 
-def network_bytes(obs_dim: int, action_width: int, pi_layers, vf_layers) -> int:
-    """Host bytes of the policy and value MLPs (``obs_dim`` -> layers -> head) times :data:`PARAMETER_COPIES`."""
+def network_bytes(spec, policy) -> int:
+    """Host bytes of the policy and value MLPs (their input -> ``policy.pi_layers``/``vf_layers`` -> head) times
+    :data:`PARAMETER_COPIES`, for the spaces ``spec``. With images the MLPs read the CNN's features
+    (``policy.cnn_features_dim`` per image, beside the other columns), not the pixels. An upper bound for PPO's actor
+    and critic; off-policy networks are counted alike (their targets are among the copies)."""
+    image_columns = sum(width for _, width, _ in spec.image_parts) if spec.image_parts else 0
+    inputs = (policy.cnn_features_dim if spec.image else
+              spec.obs_dim - image_columns + policy.cnn_features_dim * len(spec.image_parts))
     count = 0
-    for layers, head in ((pi_layers, 2 * action_width), (vf_layers, 2 * action_width + 1)):
-        sizes = [obs_dim, *layers, head]
+    for layers, head in ((policy.pi_layers, 2 * spec.action_width), (policy.vf_layers, 2 * spec.action_width + 1)):
+        sizes = [inputs, *layers, head]
         count += sum(int(a) * int(b) + int(b) for a, b in zip(sizes, sizes[1:]))
     return 4 * PARAMETER_COPIES * count
