@@ -11,13 +11,15 @@ from scalebox_ms.doctor import blas_check, cann_compat, numpy_check, supported_c
 
 
 @pytest.mark.integration
-def test_doctor_json_reports_a_working_cpu_backend():
-    r = run_module("doctor", "--json")
+def test_doctor_json_reports_a_working_cpu_backend_and_its_collectives():
+    r = run_module("doctor", "--json", "--workers", "2")  # (--workers: also a real 2-rank msrun job)
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     report = json.loads(r.stdout)
     assert report["usable"] is True
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["backend:cpu"]["status"] == "ok" and "match numpy" in checks["backend:cpu"]["detail"]
+    check = checks["collective:cpu"]
+    assert check["status"] == "ok" and check["detail"].startswith("2 ranks all-gathered and all-reduced over mccl")
     assert checks["numpy"]["status"] == "ok" and checks["numpy"]["detail"].startswith("1.")
     assert {"python", "mindspore", "gymnasium", "threads", "devices", "numpy-blas", "cxx"} <= set(checks)
     assert checks["numpy-blas"]["status"] in ("ok", "warn")
@@ -141,14 +143,6 @@ def test_msrun_for_data_parallelism_is_checked(monkeypatch):
     monkeypatch.setattr(launcher, "msrun_executable", missing)
     assert doctor.msrun_check() == {"name": "msrun", "status": "warn", "detail": "not found next to the Python "
                                     "interpreter or on PATH: train --workers (data parallelism) cannot start"}
-
-
-@pytest.mark.integration
-def test_doctor_workers_checks_the_collectives_of_a_real_msrun_job():
-    r = run_module("doctor", "--json", "--workers", "2")
-    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
-    check = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "collective:cpu")
-    assert check["status"] == "ok" and check["detail"].startswith("2 ranks all-gathered and all-reduced over mccl")
 
 
 def _fake_msrun(tmp_path, monkeypatch, log_lines, then=""):
