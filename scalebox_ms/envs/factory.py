@@ -111,14 +111,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
                 env = IsolatedVectorEnv(env_id, num_envs, kwargs, step_timeout=step_timeout,
                                         memory_limit_bytes=worker_memory_limit, wrap=wrap)
             except WorkerFailure as exc:
-                # (registered in this process only: gymnasium's Name/Namespace/VersionNotFound in a fresh one)
-                unknown = re.search(r"\b(Name|Namespace|Version)NotFound\b", str(exc)) is not None
                 raise ConfigError(f"env.id: {short_repr(env_id)} cannot start in an isolated worker ({exc.kind}: "
-                                  f"{first_line(exc)}); " + (
-                                      "each worker is a fresh Python process: register the env when a module is "
-                                      "imported and give env.id as 'module:EnvName-v0' (the worker imports the "
-                                      "module)" if unknown else "check sandbox.worker_memory_limit/step_timeout"
-                                      + _main_guard_hint())) from None
+                                  f"{first_line(exc)}); {_worker_start_hint(str(exc))}") from None
         else:
             mode = ("vector_entry_point" if spec.vector_entry_point is not None and not kwargs.get("render_mode")
                     and preprocess == "none" and num_envs >= VECTOR_ENTRY_MIN_ENVS
@@ -146,6 +140,14 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         close_env(env, env_id)
         raise ConfigError(f"env.id: {short_repr(env_id)} vector env uses autoreset mode {autoreset}; scalebox_ms needs NEXT_STEP")
     return _probed(env, env_id, kwargs)
+
+
+def _worker_start_hint(failure: str) -> str:
+    """What to do about an isolated worker that failed while starting (``failure``: its error's text)."""
+    if re.search(r"\b(Name|Namespace|Version)NotFound\b", failure):  # (registered in this process only)
+        return ("each worker is a fresh Python process: register the env when a module is imported and give env.id "
+                "as 'module:EnvName-v0' (the worker imports the module)")
+    return "check sandbox.worker_memory_limit/step_timeout" + _main_guard_hint()
 
 
 def _main_guard_hint() -> str:
