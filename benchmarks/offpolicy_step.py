@@ -48,6 +48,7 @@ def worker(task: str, kernel: str, batched: bool, calls: int, collect: int, grap
     if graph_kernel:
         ms.set_context(enable_graph_kernel=True)
 
+    from scalebox_ms.buffers.device import sample_draws
     from scalebox_ms.config import load_config
     from scalebox_ms.trainers import make_trainer
     from scalebox_ms.trainers.dqn import DQNLearner
@@ -73,7 +74,7 @@ def worker(task: str, kernel: str, batched: bool, calls: int, collect: int, grap
     times = []
     for _ in range(calls):
         args = (empty, Tensor(np.zeros(rows, np.int32)), Tensor(np.int32(G)), Tensor(np.int32(0)),
-                Tensor(rng.random((G, b), dtype=np.float32)), Tensor(t._train_noise(rng, G, b)),
+                Tensor(sample_draws(rng, (G, b))), Tensor(t._train_noise(rng, G, b)),
                 Tensor(np.float32(o.learning_rate)), Tensor(mean), Tensor(inv_std), Tensor(clip),
                 Tensor(t.collector.obs), Tensor(t._act_noise_or_zeros(rng, N)))
         t0 = time.perf_counter()

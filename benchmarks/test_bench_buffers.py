@@ -12,6 +12,7 @@ import pytest
 from mindspore import Tensor, nn, ops
 
 from scalebox_ms.buffers import ReplayBuffer
+from scalebox_ms.buffers.device import sample_draws
 from scalebox_ms.sandbox import Sandbox
 
 CAPACITY, BATCH, INNER = 1_000_000, 256, 64
@@ -45,7 +46,7 @@ class InGraphSampler(nn.Cell):
         self.buffer = buffer
 
     @ms.jit
-    def construct(self, u):  # (INNER, BATCH) uniform noise
+    def construct(self, u):  # (INNER, BATCH) int32 row draws (sample_draws)
         acc = ops.zeros((), ms.float32)
         k = Tensor(0, ms.int32)
         while k < INNER:
@@ -100,6 +101,6 @@ def test_sample_numpy(benchmark, buffers):
 def test_sample_in_graph_64_minibatches_per_call(benchmark, buffers):
     _, buf, _ = buffers
     sampler = InGraphSampler(buf)
-    u = Tensor(np.random.default_rng(2).random((INNER, BATCH)).astype(np.float32))
+    u = Tensor(sample_draws(np.random.default_rng(2), (INNER, BATCH)))
     sampler(u).asnumpy()
     benchmark(lambda: sampler(u).asnumpy())

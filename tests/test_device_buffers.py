@@ -73,6 +73,25 @@ def test_masked_add_keeps_the_valid_items_in_order_like_the_ring():
         ReplayBuffer(10, specs).add_batch_masked(np.ones(1, np.int32), obs=np.zeros((1, 3)), action=np.zeros(1))
 
 
+def test_replay_rows_are_the_draws_mod_the_size_so_every_row_is_equally_likely():
+    """Row draws are int32 uniform in [0, 2**31 - 1) and the graph takes them mod the filled size: every row within a
+    relative size / 2**31 of the same probability. Float32 draws ``floor(u * size)`` had 24 random bits: rows of a
+    1e6 buffer came 16 or 17 times in 2**24 (6% apart), and a 2e7 buffer never sampled 4.3M of its rows."""
+    from mindspore import Tensor
+
+    from scalebox_ms.buffers.device import DRAW_RANGE, _Compiled, sample_draws
+
+    size = 3_000_000
+    buf = ReplayBuffer(size + 5, {"x": ((), np.int32)})
+    buf.add_batch(x=np.arange(size, dtype=np.int32))
+    draws = sample_draws(np.random.default_rng(0), 4096)
+    assert draws.dtype == np.int32 and draws.min() >= 0
+    draws[:3] = [0, size - 1, DRAW_RANGE - 1]  # (the largest draw there is)
+    rows = _Compiled(buf, "gather")(Tensor(draws))[0].asnumpy()
+    np.testing.assert_array_equal(rows, draws.astype(np.int64) % size)
+    assert draws.max() > 2 ** 30  # (the draws span the int32 range, not 24 bits)
+
+
 def test_replay_sampling_is_uniform_with_replacement_and_reproducible():
     buf = ReplayBuffer(1000, {"x": ((), np.int32)})
     buf.add_batch(x=np.arange(300, dtype=np.int32))  # only the first 300 slots are filled

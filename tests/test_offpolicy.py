@@ -242,11 +242,12 @@ def test_sac_log_prob_matches_numpy():
     np.testing.assert_allclose(log_prob, ref_logp, rtol=1e-5, atol=1e-5)
 
 
-def test_squashed_actions_stay_within_one_where_mindspores_tanh_does_not():
-    """MindSpore 2.10's CPU Tanh returns up to 1.0000098 for |u| in about [4.97, 5]: SAC's log(1 - a^2 + 1e-6) was
-    NaN there and the gradient step was skipped (a [16] actor on Pendulum: 7 of 900 steps). u = eps here (zero
-    weights, log-std 0)."""
-    from mindspore import Tensor
+def test_squashed_actions_and_log_prob_follow_float64_tanh_where_mindspores_saturates():
+    """MindSpore 2.10's CPU Tanh returns up to 1.0000098 near |u| = 5 (SAC's log(1 - a^2 + 1e-6) was NaN there and
+    the gradient step was skipped) and exactly 1.0, gradient 0, from |u| of about 4.97 on, where float32's tanh is
+    0.99990: the log-probability was up to 5.2 nats too high and the actor got no gradient out of saturation.
+    u = eps here (zero weights, log-std 0); the reference is numpy in float64."""
+    from mindspore import Tensor, nn, ops
 
     from scalebox_ms.models.offpolicy import DeterministicActor, SquashedGaussianActor
     from scalebox_ms.sandbox import Sandbox
@@ -255,16 +256,27 @@ def test_squashed_actions_stay_within_one_where_mindspores_tanh_does_not():
     actor = SquashedGaussianActor(3, 1, [16])
     for p in actor.get_parameters():
         p.set_data(Tensor(np.zeros(p.shape, np.float32)))
-    u = np.concatenate([np.linspace(4.95, 5.05, 101), -np.linspace(4.95, 5.05, 101), [0.0, 20.0]])
-    u = u.astype(np.float32)[:, None]
-    action, log_prob = (x.asnumpy() for x in actor.action_log_prob(Tensor(np.zeros((len(u), 3), np.float32)),
-                                                                   Tensor(u)))
+    u = np.concatenate([np.linspace(-30, 30, 6001), np.linspace(4.95, 5.05, 101), [0.0]]).astype(np.float32)[:, None]
+    obs = Tensor(np.zeros((len(u), 3), np.float32))
+    action, log_prob = (x.asnumpy() for x in actor.action_log_prob(obs, Tensor(u)))
+
+    class LogProbSum(nn.Cell):
+        def construct(self, eps):
+            return actor.action_log_prob(obs, eps)[1].sum()
+
+    grad = ops.GradOperation()(LogProbSum())(Tensor(u)).asnumpy()
+    u64 = u.astype(np.float64)
+    t = np.tanh(u64)
+    ref_logp = (-0.5 * u64 ** 2 - 0.5 * np.log(2 * np.pi) - np.log(1 - t ** 2 + 1e-6)).sum(1)
+    ref_grad = -u64 + 2 * t * (1 - t ** 2) / (1 - t ** 2 + 1e-6)
     assert np.abs(action).max() <= 1.0 and np.isfinite(log_prob).all()
-    np.testing.assert_allclose(action, np.tanh(u.astype(np.float64)), atol=2e-4)  # (MindSpore's tanh: ~1e-4 off)
+    np.testing.assert_allclose(action, t, atol=3e-6)
+    np.testing.assert_allclose(log_prob, ref_logp, rtol=1e-6, atol=2e-5)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-6, atol=2e-5)
     td3 = DeterministicActor(3, 1, [])
     for p in td3.get_parameters():
-        p.set_data(Tensor(np.full(p.shape, 4.99 if p.ndim == 1 else 0.0, np.float32)))
-    assert np.abs(td3(Tensor(np.zeros((2, 3), np.float32))).asnumpy()).max() <= 1.0
+        p.set_data(Tensor(np.full(p.shape, 6.0 if p.ndim == 1 else 0.0, np.float32)))
+    np.testing.assert_allclose(td3(Tensor(np.zeros((2, 3), np.float32))).asnumpy(), np.tanh(6.0), atol=1e-7)
 
 
 # ---------------------------------------------------------------------- the loop
@@ -851,6 +863,7 @@ def test_native_cycle_matches_stepping_the_native_env(algo, env_id):
 
     from scalebox_ms.envs.native.vector import NativeVectorEnv
     from scalebox_ms.trainers import make_trainer
+    from scalebox_ms.trainers.offpolicy_native import native_phase
 
     cfg = Config.from_dict({"algo": algo, "env": {"id": env_id, "backend": "native", "num_envs": 2},
                             "policy": {"pi_layers": [16], "vf_layers": [16]},
@@ -864,7 +877,7 @@ def test_native_cycle_matches_stepping_the_native_env(algo, env_id):
     # (copies: asnumpy() of a CPU Parameter may share its memory, and the cycle moves the env on)
     state = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in c.env.__getstate__().items()}
     env_rng = copy.deepcopy(c.env.rng)
-    acc, n_grad = t._native_phase()
+    acc, n_grad = native_phase(t)
     assert n_grad == 2 and np.isfinite(acc).all()
     cyc = t.native_cycle
     acts = cyc.actions.asnumpy()

@@ -152,6 +152,8 @@ def _phases(t, n=3):
     import mindspore as ms
     from mindspore import Tensor
 
+    from scalebox_ms.buffers.device import sample_draws
+
     rng = np.random.default_rng(7)
     T, N, o = t._phase_steps, t.num_envs, t.config.algo_config
     act_shape, act_dtype = t._replay_action_spec()
@@ -161,7 +163,7 @@ def _phases(t, n=3):
     mean, inv_std, clip = t._obs_stats()
     out = []
     for _ in range(n):
-        u = rng.random((t.gradient_steps, o.batch_size), dtype=np.float32)
+        u = sample_draws(rng, (t.gradient_steps, o.batch_size))
         noise = t._train_noise(rng, t.gradient_steps, o.batch_size)
         act_noise = t._act_noise_or_zeros(rng, N)
         pol, acc = t.phase(empty, Tensor(np.zeros(T * N, np.int32)), Tensor(np.int32(t.gradient_steps)),
@@ -294,6 +296,7 @@ def test_dqn_phase_matches_step_by_step_reference(kernel):
     import mindspore as ms
     from mindspore import Tensor, ops
 
+    from scalebox_ms.buffers.device import sample_draws
     from scalebox_ms.models.offpolicy import QNetwork
     from scalebox_ms.trainers import make_trainer
 
@@ -311,7 +314,7 @@ def test_dqn_phase_matches_step_by_step_reference(kernel):
     rew = rng.standard_normal(T).astype(np.float32)
     term = (rng.random(T) < 0.2).astype(np.float32)
     valid = (rng.random(T) < 0.8).astype(np.int32)
-    u = rng.random((3, 16)).astype(np.float32)
+    u = sample_draws(rng, (3, 16))
     online0 = [p.asnumpy().copy() for p in t.learner.q.get_parameters()]
     items = ms.mutable((Tensor(obs), Tensor(act), Tensor(rew), Tensor(nxt), Tensor(term)))
     t.phase(items, Tensor(valid), Tensor(np.int32(3)), Tensor(np.int32(1)), Tensor(u), Tensor(np.zeros((3, 1), np.float32)),
@@ -340,7 +343,7 @@ def test_dqn_phase_matches_step_by_step_reference(kernel):
     m = [np.zeros_like(v) for v in online0]
     v2 = [np.zeros_like(v) for v in online0]
     for s in range(3):
-        idx = np.minimum(np.floor(u[s] * n).astype(int), n - 1)
+        idx = u[s] % n
         _, g = grad_fn(*(Tensor(x[idx]) for x in data))
         g = [x.asnumpy() for x in g]
         norm = math.sqrt(sum(float((x.astype(np.float64) ** 2).sum()) for x in g))

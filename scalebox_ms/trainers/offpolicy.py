@@ -8,21 +8,21 @@ its *learner* Cell (networks, targets, optimizers; ``train_step``, ``policy``, `
 exploration.
 
 One training phase is ONE compiled graph call (:class:`TrainingPhase`): it appends the ``train_freq x num_envs``
-transitions collected since the last phase to the replay buffer, runs ``gradient_steps`` updates in a graph
-``while`` loop -- each samples its batch inside the graph (uniform noise drawn by the trainer's Generator) --,
-and computes the policy's output for the next observation, so the step after a phase needs no acting call.
-Between phases, acting is one compiled call per vector step (skipped while actions are random). With SAC/TD3's
-``train_freq: 1`` that is one graph call per env step in all.
+transitions collected since the last phase to the replay buffer, runs ``gradient_steps`` updates in a graph ``while``
+loop -- each samples its batch inside the graph (row draws by the trainer's Generator) --, and computes the policy's
+output for the next observation, so the step after a phase needs no acting call. Between phases, acting is one
+compiled call per vector step (skipped while actions are random): with SAC/TD3's ``train_freq: 1``, one graph call
+per env step in all.
 
-Transitions are stored as (obs, action, reward, next_obs, terminated) with the raw observations (normalised inside
-the graph with the running statistics at sampling time, as SB3's VecNormalize does) and actions in the
-algorithm's space (DQN: the index; SAC/TD3: scaled to [-1, 1]). ``next_obs`` is the observation the env returned
-for the step -- the true final observation when an episode is truncated (gymnasium's next-step autoreset), so
-truncation bootstraps and termination does not; the autoreset steps themselves are not stored.
+Transitions are stored as (obs, action, reward, next_obs, terminated) with the raw observations (normalised inside the
+graph with the running statistics at sampling time, as SB3's VecNormalize does) and actions in the algorithm's space
+(DQN: the index; SAC/TD3: scaled to [-1, 1]). ``next_obs`` is the observation the env returned for the step -- the true
+final observation when an episode is truncated (gymnasium's next-step autoreset), so truncation bootstraps and
+termination does not; the autoreset steps themselves are not stored.
 
-An *iteration* (a metrics row, and where checkpoints and ``--until`` stop) is a whole number of phases adding up
-to at least 1,000 env steps (:func:`.checkpoint.steps_per_iteration`), or fewer phases when the run's end or
-``until`` comes first: a run stops at the first phase boundary at or past it.
+An *iteration* (a metrics row, and where checkpoints and ``--until`` stop) is a whole number of phases adding up to at
+least 1,000 env steps (:func:`.checkpoint.steps_per_iteration`), or fewer phases when the run's end or ``until`` comes
+first: a run stops at the first phase boundary at or past it.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
 
+from ..buffers.device import sample_draws
 from ..config import Config
 from ..config_offpolicy import space_refusal, warn_if_warm_up_only
 from ..errors import ConfigError, TrainingError
@@ -42,6 +43,7 @@ from .core import Callback, Trainer, _stops, closes_envs_on_error
 from .kernels import select_conv_backend, select_conv_kernel, select_optimizer_kernel
 from .offpolicy_collect import collect_phase
 from .offpolicy_graph import NONFINITE_LIMIT, DeployActor, NativeCycle, PolicyCall, TrainingPhase
+from .offpolicy_native import native_phase
 
 
 class OffPolicyTrainer(Trainer):
@@ -271,7 +273,7 @@ class OffPolicyTrainer(Trainer):
         for _ in range(phases):
             if self.native_cycle is not None:  # native env: the whole cycle is one graph call
                 t0 = clock()
-                acc, n_grad = self._native_phase()
+                acc, n_grad = native_phase(self)  # (one graph call: env steps included)
                 t_update += clock() - t0
                 stats += acc
                 grad_steps += n_grad
@@ -382,15 +384,9 @@ class OffPolicyTrainer(Trainer):
         # (never sample an empty buffer: e.g. resumed without its replay file at an episode boundary)
         train = self.global_step > o.learning_starts and self._replay_rows > 0
         G, b = self.gradient_steps, o.batch_size
-        u = rng.random((G, b), dtype=np.float32) if train else np.zeros((G, b), np.float32)
+        u = sample_draws(rng, (G, b)) if train else np.zeros((G, b), np.int32)  # (replay rows: draw mod size)
         noise = self._train_noise(rng, G, b) if train else self._no_train_noise
         return (G if train else 0), self._target_updates(steps_before, self.global_step), u, noise
-
-    def _native_phase(self):
-        """One training phase on a native env as one graph call (:func:`.offpolicy_native.native_phase`)."""
-        from .offpolicy_native import native_phase
-
-        return native_phase(self)
 
     def _obs_stats(self):
         return self.collector.normalizer_inputs()
@@ -440,7 +436,8 @@ class OffPolicyTrainer(Trainer):
             self.replay.load_state_dict(arrays)  # (another buffer_size: oldest first, the newest that fit)
             if len(self.replay) < int(arrays["_size"]):
                 self.log.warning(f"replay: the checkpoint holds {int(arrays['_size'])} transitions, more than this "
-                                 f"trainer's buffer_size {self.replay.capacity}: the newest {len(self.replay)} are kept")
+                                 f"trainer's buffer_size {self.replay.capacity}: the newest {len(self.replay)} are "
+                                 "kept")
         elif self._replay_rows or len(self.replay):
             self.replay.clear()
         self._replay_rows = len(self.replay)

@@ -1,7 +1,7 @@
 """The host side of an off-policy training phase on a native env (``env.backend: native``): draw the phase's random
 inputs in a fixed order, make the ONE :class:`~.offpolicy_graph.NativeCycle` call (env steps, replay add, gradient
-steps), then the episode and observation statistics from the staged steps. Used by
-:meth:`~.offpolicy.OffPolicyTrainer._native_phase`."""
+steps), then the episode and observation statistics from the staged steps. Called by
+:meth:`~.offpolicy.OffPolicyTrainer._iteration`."""
 from __future__ import annotations
 
 import numpy as np
