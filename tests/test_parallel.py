@@ -872,6 +872,7 @@ def test_a_crash_counts_as_after_the_run_only_past_python_exit_and_with_this_job
     assert _crash_after_the_run(str(tmp_path), launched, 4242) is None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_rank_dying_in_mindspores_shutdown_after_the_run_ended_is_no_failure(tmp_path, monkeypatch, rank):
     """Seen in CI on a busy machine: a rank died of SIGSEGV in MindSpore's shutdown (after Python's exit handlers)
