@@ -30,12 +30,11 @@ import shutil
 from typing import Optional
 
 from .errors import ConfigError
-from .fileio import atomic_write_json, sha256_file, umask
-from .mindir_policy import MindIRPolicy, evaluate_mindir, sidecar_path  # noqa: F401 (also public here)
+from .fileio import atomic_write_json, sha256_file, sidecar_digest, umask
+from .mindir_policy import FORMAT, MindIRPolicy, evaluate_mindir, sidecar_path  # noqa: F401 (also public here)
 
 # numpy and MindSpore are imported on use: `python -m scalebox_ms.export` routes Ctrl-C before they start threads
 
-FORMAT = "scalebox_ms.policy.mindir.v1"
 
 
 def _normalizer_constants(obs_normalizer):
@@ -144,6 +143,8 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
     directory = os.path.dirname(os.path.abspath(output))
     if os.path.isdir(output):
         raise ConfigError(f"--output {output}: is a directory")
+    if os.path.isdir(sidecar_path(output)):  # (before compiling; its removal below was blamed on --output)
+        raise ConfigError(f"--output {output}: its sidecar's path {sidecar_path(output)} is a directory")
     _refuse_split_mindir(cell, output)
     # (not the output's name: one near the file system's 255-byte limit is legal, its temporary name would not be)
     tmp_name = f".tmp-export-{os.getpid()}-{secrets.token_hex(4)}"
@@ -243,7 +244,7 @@ def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:
 
     obs_space = trainer.env.single_observation_space
     cfg = trainer.config
-    return {
+    sidecar = {
         "format": FORMAT,
         "env_id": cfg.env.id,
         "env_kwargs": cfg.env.kwargs,
@@ -275,6 +276,8 @@ def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:
         "file_bytes": os.path.getsize(output),
         "file_sha256": sha256_file(output),
     }
+    sidecar["sidecar_sha256"] = sidecar_digest(sidecar)  # (MindIRPolicy refuses an edited sidecar)
+    return sidecar
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

@@ -107,6 +107,12 @@ def json_text(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
+def sidecar_digest(sidecar: dict) -> str:
+    """SHA-256 of a sidecar's canonical JSON without its ``sidecar_sha256`` key (checkpoint and MindIR sidecars)."""
+    body = {k: v for k, v in sidecar.items() if k != "sidecar_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def sha256_file(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -8,9 +8,12 @@ import os
 from typing import List
 
 from .errors import ConfigError
-from .fileio import sha256_file
+from .fileio import sha256_file, sidecar_digest
 
 # numpy and MindSpore are imported on use: `python -m scalebox_ms.evaluate` routes Ctrl-C before they start threads
+
+
+FORMAT = "scalebox_ms.policy.mindir.v1"
 
 
 def sidecar_path(mindir_path: str) -> str:
@@ -34,9 +37,14 @@ class MindIRPolicy:
         if (not isinstance(sc, dict) or not isinstance(sc.get("input"), dict) or not isinstance(sc.get("env_id"), str)
                 or not isinstance(sc.get("action_space"), dict) or "type" not in sc["action_space"]):
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt")
-        # (older sidecars have file_bytes only)
-        if (sc.get("file_bytes") is not None and os.path.getsize(path) != sc["file_bytes"]
-                or sc.get("file_sha256") is not None and sha256_file(path) != sc["file_sha256"]):
+        # (every field is used as it stands: an edited one ended in a KeyError or a MindSpore traceback)
+        if "sidecar_sha256" not in sc or sc.get("format") != FORMAT:
+            raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is not a {FORMAT} one with its "
+                              "sidecar_sha256 (written by an older scalebox_ms, or by hand); export again")
+        if sc["sidecar_sha256"] != sidecar_digest(sc):
+            raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} was edited since the export (its "
+                              "sidecar_sha256 does not match); export again")
+        if os.path.getsize(path) != sc.get("file_bytes") or sha256_file(path) != sc.get("file_sha256"):
             raise ConfigError(f"--mindir {path}: not the file its sidecar {os.path.basename(sidecar_path(path))} "
                               "describes (another export's, or changed since); export again")
         try:
@@ -76,20 +84,28 @@ class MindIRPolicy:
                 arrays = encoder.leaf_arrays(obs, what)
             for leaf, x in zip(encoder.leaves, arrays):
                 check_finite(x, what, single, f"observation part {leaf.name}")
-            return self.cell(*[ms.Tensor(x) for x in arrays]).asnumpy()
+            return self._run(*[ms.Tensor(x) for x in arrays])
         obs = numbers(obs, what)
         if inp.get("image"):
             x = batch(obs, inp["shape"][1:])
             if x.dtype != np.uint8:  # (float frames scaled to [0, 1], or values beyond a byte: garbage as uint8)
                 encoder = self._encoder()
                 x = encoder._pixels(x, what, encoder.leaves[0])
-            return self.cell(ms.Tensor(x)).asnumpy()
+            return self._run(ms.Tensor(x))
         # (a scalar Box observation has observation_shape [], which is not "absent")
         shape = tuple(inp["observation_shape"] if "observation_shape" in inp else inp["shape"][1:])
         with np.errstate(over="ignore"):  # (beyond float32: inf, named below)
             x = batch(obs.astype(np.float32, copy=False), shape, flat=tuple(inp["shape"][1:]))
         check_finite(x, what, False)
-        return self.cell(ms.Tensor(x)).asnumpy()
+        return self._run(ms.Tensor(x))
+
+    def _run(self, *tensors) -> "np.ndarray":  # noqa: F821
+        try:
+            return self.cell(*tensors).asnumpy()
+        except (RuntimeError, TypeError, ValueError) as exc:  # (MindSpore's: ~50 lines of its own traceback)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"MindIRPolicy: the graph refused the inputs its sidecar describes ({first}); export "
+                              "again") from None
 
     def _encoder(self):
         """The ObsEncoder of the observation space the sidecar describes (its checks of observations)."""

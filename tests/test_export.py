@@ -313,6 +313,60 @@ def test_a_sidecar_without_its_keys_is_refused_in_one_line(cartpole, tmp_path, e
         MindIRPolicy(path)
 
 
+@pytest.mark.parametrize("edit", [
+    {"action_space": {"type": "Box"}}, {"action_space": {"type": "Foo"}}, {"input": {}}, {"env_kwargs": [1, 2]},
+    {"file_bytes": None, "file_sha256": None}, {"action_space": {"type": "Box", "low": [0], "high": [0]}}])
+def test_an_edited_sidecar_is_refused_in_one_line(cartpole, tmp_path, edit):
+    """Every sidecar field is used as it stands: an edited one ended evaluate --mindir in a KeyError, a TypeError
+    or ~50 lines of MindSpore traceback (exit 1), or ran silently (Box bounds set to 0 clipped every action to 0;
+    file_bytes and file_sha256 removed switched the graph check off). The sidecar carries its own SHA-256."""
+    from scalebox_ms.export import MindIRPolicy, export_mindir, sidecar_path
+
+    path = str(tmp_path / "a.mindir")
+    export_mindir(cartpole, path)
+    with open(sidecar_path(path)) as f:
+        sc = json.load(f)
+    sc.update(edit)
+    with open(sidecar_path(path), "w") as f:
+        json.dump(sc, f)
+    with pytest.raises(ConfigError, match=r"^--mindir .*a.mindir: sidecar .*a.mindir.json was edited since the "
+                                          r"export \(its sidecar_sha256 does not match\); export again$"):
+        MindIRPolicy(path)
+    del sc["sidecar_sha256"]  # (as an older scalebox_ms wrote it)
+    with open(sidecar_path(path), "w") as f:
+        json.dump(sc, f)
+    with pytest.raises(ConfigError, match=r"is not a scalebox_ms.policy.mindir.v1 one with its sidecar_sha256"):
+        MindIRPolicy(path)
+
+
+@pytest.mark.integration
+def test_a_sidecar_describing_another_graph_is_a_one_line_error(cartpole, tmp_path):
+    """A sidecar whose input is not the graph's (its hashes made consistent again) used to end in ~50 lines of
+    MindSpore's traceback inside the GraphCell call; an export whose sidecar path is a directory blamed --output,
+    after compiling."""
+    from scalebox_ms.export import MindIRPolicy, export_mindir, sidecar_path
+    from scalebox_ms.fileio import sidecar_digest
+
+    path = str(tmp_path / "a.mindir")
+    export_mindir(cartpole, path)
+    with open(sidecar_path(path)) as f:
+        sc = json.load(f)
+    sc["input"].update(shape=[None, 5], observation_shape=[5])
+    sc["sidecar_sha256"] = sidecar_digest(sc)
+    with open(sidecar_path(path), "w") as f:
+        json.dump(sc, f)
+    with pytest.raises(ConfigError, match=r"^MindIRPolicy: the graph refused the inputs its sidecar describes \("):
+        MindIRPolicy(path)(np.zeros((3, 5), np.float32))
+    r = run_module("evaluate", "--mindir", path, "--episodes", "1")  # (CartPole's observations: refused before)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: evaluation of 'CartPole-v1': MindIRPolicy: observations of shape (1, 4); the policy takes a batch "
+        "(N, 5)"], r.stderr[-2000:]
+    (tmp_path / "d.mindir.json").mkdir()
+    with pytest.raises(ConfigError, match=r"^--output .*d.mindir: its sidecar's path .*d.mindir.json is a directory$"):
+        export_mindir(cartpole, str(tmp_path / "d.mindir"))
+    assert sorted(os.listdir(tmp_path)) == ["a.mindir", "a.mindir.json", "d.mindir.json"]
+
+
 @pytest.mark.integration
 def test_an_export_whose_sidecar_cannot_be_written_leaves_nothing(cartpole, tmp_path, monkeypatch):
     """A full disk at the sidecar used to leave the .mindir alone, which evaluate --mindir then refused."""

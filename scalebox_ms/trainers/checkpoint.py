@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hashlib
 import json
 import os
 import pickle
@@ -34,7 +33,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import CheckpointError, short_repr
-from ..fileio import errors_named, json_text, remove_temporaries, sha256_file, staged_path
+from ..fileio import errors_named, json_text, remove_temporaries, sha256_file, sidecar_digest, staged_path
 
 FORMAT = "scalebox_ms.ppo.v1"  # (the name predates the off-policy trainers; their checkpoints use it too)
 # sidecar first: removing it first leaves no half checkpoint
@@ -84,12 +83,6 @@ def steps_match(config: dict, global_step: int, iteration: int) -> bool:
 
 def checkpoint_prefix(directory: str, global_step: int) -> str:
     return os.path.join(directory, f"ckpt_{global_step:012d}")
-
-
-def sidecar_digest(sidecar: dict) -> str:
-    """SHA-256 of the sidecar's canonical JSON without its ``sidecar_sha256`` key."""
-    body = {k: v for k, v in sidecar.items() if k != "sidecar_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def write_checkpoint(prefix: str, tensors: List[dict], sidecar: dict, env_obj=None, replay=None) -> str:
