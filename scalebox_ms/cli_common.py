@@ -85,6 +85,14 @@ def run_cli(fn) -> int:
     return 0
 
 
+def refuse_empty_checkpoint(value) -> None:
+    """``--checkpoint ""`` (an unset shell variable) is refused: it read as the current directory or the latest."""
+    from .errors import ConfigError
+
+    if value is not None and not value.strip():
+        raise ConfigError("--checkpoint: empty (leave the flag out for the run's latest checkpoint)")
+
+
 def import_mindspore() -> None:
     """Import MindSpore whole: a Ctrl-C during its import (~1.5 s) is held back until the import is done, then
     raised (KeyboardInterrupt). A KeyboardInterrupt inside the import left MindSpore half-initialised, and the

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .cli_common import (OneLineArgumentParser, emit, import_mindspore, route_sigint_around_mindspore, run_cli,
-                         sigint_held)
+from .cli_common import (OneLineArgumentParser, emit, import_mindspore, refuse_empty_checkpoint,
+                         route_sigint_around_mindspore, run_cli, sigint_held)
 
 
 def build_parser():
@@ -41,6 +41,7 @@ def main(argv=None) -> int:
             raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
         if args.seed is not None and not 0 <= args.seed < 2**32:
             raise ConfigError(f"--seed: must be in [0, 2**32), got {args.seed}")
+        refuse_empty_checkpoint(args.checkpoint)
         if args.mindir:
             return _evaluate_mindir(args)
         if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):

@@ -308,7 +308,8 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    from .cli_common import emit, import_mindspore, route_sigint_around_mindspore, run_cli, sigint_held
+    from .cli_common import (emit, import_mindspore, refuse_empty_checkpoint, route_sigint_around_mindspore, run_cli,
+                             sigint_held)
 
     if argv is None:  # a process of its own: Ctrl-C must not become MindSpore's SIGTERM (see cli_common)
         route_sigint_around_mindspore()
@@ -328,6 +329,7 @@ def main(argv=None) -> int:
             raise ConfigError("--percentile: only with --int8 --activation-calibration percentile")
         if args.int8 and not 1 <= calibrate_steps <= MAX_CALIBRATE_STEPS:
             raise ConfigError(f"--calibrate-steps: must be in [1, {MAX_CALIBRATE_STEPS:,}], got {calibrate_steps}")
+        refuse_empty_checkpoint(args.checkpoint)
         if not os.path.isdir(args.run) or not os.path.exists(os.path.join(args.run, "config.yaml")):
             raise CheckpointError(f"--run {args.run}: not a run directory (no config.yaml)")
         output = args.output or os.path.join(args.run, f"policy_int8_{level}.mindir" if args.int8 else "policy.mindir")

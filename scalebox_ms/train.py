@@ -32,8 +32,8 @@ import os
 import signal
 import sys
 
-from .cli_common import (OneLineArgumentParser, import_held, import_mindspore, route_sigint_around_mindspore, run_cli,
-                         say, say_out)
+from .cli_common import (OneLineArgumentParser, import_held, import_mindspore, refuse_empty_checkpoint,
+                         route_sigint_around_mindspore, run_cli, say, say_out)
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpole.yaml")
 
@@ -94,8 +94,7 @@ def main(argv=None) -> int:
             raise ConfigError("--resume continues a run with its own config; "
                               "--config/--set/--seed/--total-steps/--run-dir cannot be combined with it (to train "
                               "longer or shorter, edit run.total_steps in the run's config.yaml)")
-        if args.checkpoint is not None and not args.checkpoint.strip():
-            raise ConfigError("--checkpoint: empty (leave the flag out for the run's latest checkpoint)")
+        refuse_empty_checkpoint(args.checkpoint)
         if args.checkpoint and not args.resume:
             raise ConfigError("--checkpoint: only with --resume DIR (it names the checkpoint to continue from)")
         if args.until is not None and args.until < 1:

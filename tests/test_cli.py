@@ -159,11 +159,16 @@ def test_bad_input_one_line_exit_2_and_no_run_dir(tmp_path, args, culprit):
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("args, words", [(["--run-dir", " "], "--run-dir: empty"),
-                                          (["--resume", "x", "--checkpoint", ""], "--checkpoint: empty")])
-def test_empty_paths_are_refused_not_taken_for_the_default(tmp_path, args, words):
-    """--run-dir "" trained into the default directory; --checkpoint "" said: no checkpoint found in ."""
-    r = run_module("train", *args, "--no-progress")
+@pytest.mark.parametrize("tool, args, words", [
+    ("train", ["--run-dir", " ", "--no-progress"], "--run-dir: empty"),
+    ("train", ["--resume", "x", "--checkpoint", "", "--no-progress"], "--checkpoint: empty"),
+    ("evaluate", ["--run", "x", "--checkpoint", ""], "--checkpoint: empty"),
+    ("evaluate", ["--mindir", "x.mindir", "--checkpoint", " "], "--checkpoint: empty"),
+    ("export", ["--run", "x", "--checkpoint", ""], "--checkpoint: empty")])
+def test_empty_paths_are_refused_not_taken_for_the_default(tmp_path, tool, args, words):
+    """--run-dir "" trained into the default directory; --checkpoint "" said: no checkpoint found in . (train), and
+    evaluated or exported the run's latest checkpoint (evaluate, export; evaluate --mindir ignored it)."""
+    r = run_module(tool, *args)
     assert r.returncode == 2 and r.stderr.startswith(f"error: {words}"), r.stderr
     assert os.listdir(tmp_path) == []
 
