@@ -121,8 +121,6 @@ def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     again = train("--total-steps", 1024, "--run-dir", tmp_path / "again")
     assert again["param_sha256"] == full["param_sha256"]
     assert metrics_rows(tmp_path / "again") == metrics_rows(tmp_path / "full")
-    other = train("--total-steps", 1024, "--run-dir", tmp_path / "other", "--seed", 1)
-    assert other["param_sha256"] != full["param_sha256"]
 
 
 @pytest.mark.parametrize("args, culprit", [

@@ -254,9 +254,9 @@ def test_workers_outside_msrun_refused_by_the_library():
 # ---------------------------------------------------------------------- real 2-worker runs
 @pytest.fixture(scope="module")
 def dp_run(tmp_path_factory):
-    """A 2-worker run paused at 1024 steps, then resumed to 2048 (two msrun jobs)."""
+    """A 2-worker run paused at 512 steps, then resumed to 1024 (two msrun jobs)."""
     run_dir = str(tmp_path_factory.mktemp("dp") / "run")
-    first = run_module("train", "--workers", "2", "--total-steps", "2048", "--until", "1024", "--run-dir", run_dir,
+    first = run_module("train", "--workers", "2", "--total-steps", "1024", "--until", "512", "--run-dir", run_dir,
                        *DP_ARGS, *NORM_ARGS, timeout=400)
     second = run_module("train", "--resume", run_dir, "--no-progress", timeout=400)
     return run_dir, first, second
@@ -268,7 +268,7 @@ def test_two_worker_run_keeps_ranks_identical_and_resumes(dp_run):
     assert first.returncode == 0, first.stderr[-2000:]
     assert second.returncode == 0, second.stderr[-2000:]
     summary = json.loads(second.stdout)
-    assert summary["world_size"] == 2 and summary["status"] == "completed" and summary["global_step"] == 2048
+    assert summary["world_size"] == 2 and summary["status"] == "completed" and summary["global_step"] == 1024
     hashes = summary["param_sha256_per_rank"]
     assert len(hashes) == 2 and hashes[0] == hashes[1] == summary["param_sha256"]
     # running obs/return statistics merged across ranks: both ranks hold the same statistics
@@ -276,7 +276,7 @@ def test_two_worker_run_keeps_ranks_identical_and_resumes(dp_run):
     assert len(stats) == 2 and stats[0] == stats[1]
     rows = _rows(os.path.join(run_dir, "metrics.csv"))
     # rank 0 alone writes: one row per iteration (8 envs x 16 steps = 128 global steps each), none duplicated
-    assert [int(r["global_step"]) for r in rows] == list(range(128, 2049, 128))
+    assert [int(r["global_step"]) for r in rows] == list(range(128, 1025, 128))
     assert all(r["world_size"] == "2" for r in rows)
     comm = [float(r["share_comm"]) for r in rows]
     assert all(0.0 < c < 1.0 for c in comm)
@@ -332,7 +332,7 @@ def test_a_data_parallel_checkpoint_loads_into_one_process_with_all_its_envs(dp_
 
     tr = load_trainer(os.path.join(dp_run[0], "checkpoints"))
     try:
-        assert tr.global_step == 2048 and tr.num_envs == 8
+        assert tr.global_step == 1024 and tr.num_envs == 8
         assert np.shape(tr.collector.obs) == (8, 4) and tr.collector.obs_normalizer.rms.count > 1
         assert tr.predict(np.zeros((8, 4), np.float32)).shape == (8,)
     finally:
@@ -464,7 +464,8 @@ def test_a_hung_worker_stops_the_job_with_every_ranks_stack(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM,
+                                    pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])  # (the same path)
 def test_a_signal_to_the_launcher_stops_the_ranks_together_with_a_checkpoint(tmp_path, signum):
     """Ctrl-C, SIGTERM (a job scheduler, `kill`) or SIGHUP (the terminal closed) is sent on to the ranks, which stop
     together at an iteration's end, as a run in one process does: a checkpoint at that step, summary.json
@@ -873,7 +874,7 @@ def test_a_crash_counts_as_after_the_run_only_past_python_exit_and_with_this_job
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("rank", [pytest.param(0, marks=pytest.mark.slow), 1])  # (rank 1: it waits for rank 0)
 def test_a_rank_dying_in_mindspores_shutdown_after_the_run_ended_is_no_failure(tmp_path, monkeypatch, rank):
     """Seen in CI on a busy machine: a rank died of SIGSEGV in MindSpore's shutdown (after Python's exit handlers)
     at the end of a completed run; msrun reported the job failed and the launcher exited 1, though rank 0 had written
