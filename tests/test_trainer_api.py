@@ -85,6 +85,42 @@ def test_a_number_set_as_a_string_between_learn_calls_is_read_as_a_files():
         t.close()
 
 
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_a_callback_changing_the_learning_rate_mid_learn_is_checked_before_the_next_iteration(algo, monkeypatch):
+    """A callback setting a negative learning rate mid-learn trained by gradient ascent to the end (checked at the
+    next learn or save only); one set as a string failed deep inside. Now both are read as a file's value would be
+    before the next iteration reads them."""
+    from scalebox_ms import Config
+    from scalebox_ms.trainers import Callback, checkpoint, make_trainer
+
+    monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 200)
+    ppo = small_config(ppo={"lr_schedule": "constant"}, run={"total_steps": 1024})
+    cfg = ppo if algo == "ppo" else Config.from_dict({
+        "algo": "sac", "env": {"id": "Pendulum-v1", "num_envs": 1}, "policy": {"pi_layers": [8], "vf_layers": [8]},
+        "sac": {"batch_size": 8, "learning_starts": 50, "buffer_size": 1000, "train_freq": 50},
+        "run": {"seed": 0, "total_steps": 1000, "progress": False}})
+
+    class SetRate(Callback):
+        def __init__(self, value):
+            self.value, self.rates = value, []
+
+        def on_iteration_end(self, trainer, metrics):
+            self.rates.append(metrics["learning_rate"])
+            setattr(trainer.config.algo_config, "learning_rate", self.value)
+
+    t = make_trainer(cfg)
+    try:
+        step = t.steps_per_iteration if algo == "sac" else 64
+        set_to = SetRate("5e-4")
+        t.learn(until=3 * step, callbacks=[set_to])
+        assert set_to.rates[1:] == [pytest.approx(5e-4)] * 2 and t.config.algo_config.learning_rate == 5e-4
+        with pytest.raises(ConfigError, match=rf"^learn: trainer\.config: {algo}\.learning_rate: "):
+            t.learn(until=6 * step, callbacks=[SetRate(-0.01)])
+        assert t.global_step == 4 * step  # (stopped after the iteration whose callback set it)
+    finally:
+        t.close()
+
+
 def test_a_config_built_by_the_user_and_changed_later_does_not_reach_the_trainer():
     """(the trainer keeps its own copy: the check above concerns trainer.config only)"""
     cfg = small_config()

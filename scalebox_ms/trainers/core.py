@@ -19,24 +19,12 @@ import numpy as np
 from ..config import Config
 from ..errors import ConfigError, short_repr
 from ..sandbox import Sandbox
-
-
-class Callback:
-    """Hooks into ``learn``. Return False from ``on_iteration_end`` to stop training."""
-
-    def on_training_start(self, trainer) -> None:
-        pass
-
-    def on_iteration_end(self, trainer, metrics: dict) -> Optional[bool]:
-        return None
-
-    def on_training_end(self, trainer) -> None:
-        pass
+from .hooks import Callback, _callback_list, _stops, _whole  # noqa: F401 (Callback: public here too)
 
 
 def coerce_config(config: Union[Config, dict, None], algo: str, overrides: dict) -> Config:
-    """A private Config from a Config (:meth:`~scalebox_ms.config.Config.checked_copy`), a dict in the YAML layout or None (defaults for ``algo``), with
-    keyword ``overrides`` of the algorithm's section."""
+    """A private Config from a Config (:meth:`~scalebox_ms.config.Config.checked_copy`), a dict in the YAML layout
+    or None (defaults for ``algo``), with keyword ``overrides`` of the algorithm's section."""
     if config is None:
         config = Config.from_dict({"algo": algo})
     elif isinstance(config, dict):
@@ -208,6 +196,7 @@ class Trainer:
                               "e.g. load_trainer(checkpoint)")
         self._refuse_if_acting_only("learn")
         self._refuse_if_config_changed("learn")
+        self._live = self._live_values()
         callbacks = _callback_list(callbacks)
         stop_at = self._check_horizon(total_steps, until)
         if self.collector.obs is None:
@@ -217,6 +206,27 @@ class Trainer:
         for cb in callbacks:
             cb.on_training_start(self)
         return stop_at, callbacks
+
+    def _end_iteration(self, callbacks, metrics: dict) -> bool:
+        """After an iteration of ``learn``: the memory limit, then the callbacks; True: stop. A key of
+        :data:`LIVE_KEYS` a callback changed is checked before the next iteration reads it (a negative learning rate
+        set mid-learn trained by gradient ascent to the end)."""
+        if hasattr(self.sandbox, "check_memory"):
+            self.sandbox.check_memory()
+        stop = False
+        for cb in callbacks:
+            if _stops(cb.on_iteration_end(self, metrics)):
+                stop = True
+        if stop or self._closed:  # (a callback closed the trainer: its envs are gone)
+            return True
+        if self._live_values() != self._live:  # (cheap: the whole check only when one changed)
+            self._refuse_if_config_changed("learn")
+            self._live = self._live_values()
+        return False
+
+    def _live_values(self) -> tuple:
+        sections = (getattr(self.config, key.split(".")[0], None) for key in LIVE_KEYS)
+        return tuple(getattr(sec, key.split(".")[1], None) for sec, key in zip(sections, LIVE_KEYS))
 
     # ------------------------------------------------------------------ inference
     def predict(self, obs, deterministic: bool = True, rng: Optional[np.random.Generator] = None) -> np.ndarray:
@@ -388,46 +398,9 @@ class Trainer:
         self.collector.close()
 
 
-def _whole(name: str, value) -> int:
-    """``learn``'s step counts: an integer (or a float holding one, 1e5), as the config's integer keys take."""
-    import numbers
-
-    whole = (isinstance(value, numbers.Integral) and not isinstance(value, bool)) or \
-        (isinstance(value, float) and value.is_integer())
-    if not whole:
-        raise ConfigError(f"{name}: expected an integer, got {short_repr(value)}")
-    if abs(int(value)) >= 2**63:  # (run.total_steps is a 64-bit integer: a checkpoint of it would not load)
-        raise ConfigError(f"{name}: expected a 64-bit integer, got {short_repr(value)}")
-    return int(value)
-
-
 #: keys ``learn`` reads from ``trainer.config`` on every iteration (they may change between ``learn`` calls)
 LIVE_KEYS = ("ppo.learning_rate", "ppo.lr_schedule", "ppo.clip_range", "ppo.clip_schedule", "dqn.learning_rate",
              "sac.learning_rate", "td3.learning_rate")
-
-
-def _callback_list(callbacks) -> list:
-    """``learn``'s callbacks: a Callback, or a list (any iterable) of them (None: none). Objects of a class of one's
-    own need the three hooks (a Callback subclass has them all)."""
-    if callbacks is None:
-        return []
-    single = hasattr(callbacks, "on_iteration_end") or not hasattr(callbacks, "__iter__")
-    callbacks = [callbacks] if single else list(callbacks)
-    for cb in callbacks:
-        if isinstance(cb, type):
-            raise ConfigError(f"callbacks: {cb.__name__} is a class; pass an instance: {cb.__name__}()")
-        missing = [h for h in ("on_training_start", "on_iteration_end", "on_training_end")
-                   if not callable(getattr(cb, h, None))]
-        if missing:
-            raise ConfigError(f"callbacks: {short_repr(cb)} has no {missing[0]} method (subclass "
-                              "scalebox_ms.trainers.Callback, whose hooks do nothing until overridden)")
-    return callbacks
-
-
-def _stops(answer) -> bool:
-    """Whether a callback's ``on_iteration_end`` answer stops training: False, numpy's False_ included (``return
-    np.mean(returns) < 475``); None, True and anything else go on."""
-    return isinstance(answer, (bool, np.bool_)) and not answer
 
 
 def closes_envs_on_error(init):

@@ -39,7 +39,7 @@ from ..config_offpolicy import space_refusal, warn_if_warm_up_only
 from ..errors import ConfigError, TrainingError
 from ..sandbox import Sandbox
 from . import checkpoint
-from .core import Callback, Trainer, _stops, closes_envs_on_error
+from .core import Callback, Trainer, closes_envs_on_error
 from .kernels import select_conv_backend, select_conv_kernel, select_optimizer_kernel
 from .offpolicy_collect import collect_phase
 from .offpolicy_graph import NONFINITE_LIMIT, DeployActor, NativeCycle, PolicyCall, TrainingPhase
@@ -238,13 +238,7 @@ class OffPolicyTrainer(Trainer):
             self._torn_at = self.global_step
             metrics = self._iteration(stop_at)
             self._torn_at = None
-            if hasattr(self.sandbox, "check_memory"):
-                self.sandbox.check_memory()
-            stop = False
-            for cb in callbacks:
-                if _stops(cb.on_iteration_end(self, metrics)):
-                    stop = True
-            if stop or self._closed:  # (a callback closed the trainer: its envs are gone)
+            if self._end_iteration(callbacks, metrics):
                 break
         for cb in callbacks:
             cb.on_training_end(self)

@@ -26,7 +26,7 @@ import numpy as np
 from ..config import Config, micro_batches
 from ..errors import ConfigError, images_in_one_process
 from ..sandbox import Sandbox
-from .core import Callback, Trainer, _stops, closes_envs_on_error
+from .core import Callback, Trainer, closes_envs_on_error
 
 __all__ = ["Callback", "PPOTrainer", "schedule_value"]
 
@@ -240,13 +240,7 @@ class PPOTrainer(Trainer):
             if getattr(c.env, "events", None) is not None:
                 metrics["env_restarts"] = len(c.env.events)
             self._last_metrics = metrics
-            if hasattr(self.sandbox, "check_memory"):
-                self.sandbox.check_memory()
-            stop = False
-            for cb in callbacks:
-                if _stops(cb.on_iteration_end(self, metrics)):
-                    stop = True
-            if stop or self._closed:  # (a callback closed the trainer: its envs are gone)
+            if self._end_iteration(callbacks, metrics):
                 break
         for cb in callbacks:
             cb.on_training_end(self)
