@@ -315,12 +315,14 @@ class OffPolicyTrainer(Trainer):
         dt = clock() - t_iter
         self.wall_time_s += dt
         steps = phases * self.phase_rows
-        per_step = stats / max(grad_steps, 1)
+        # (no gradient step in the iteration: no statistic, NaN; 0 read as a zero loss, and SAC's ent_coef of 0)
+        per_step = stats / grad_steps if grad_steps else np.full_like(stats, np.nan)
         names = self.learner.STATS
         if "actor_updates" in names:  # TD3: the actor loss averaged over the steps that updated the actor
-            per_step[names.index("actor_loss")] = stats[names.index("actor_loss")] / max(
-                stats[names.index("actor_updates")], 1.0)
-            per_step[names.index("actor_updates")] = stats[names.index("actor_updates")]
+            actor_updates = stats[names.index("actor_updates")]
+            per_step[names.index("actor_loss")] = stats[names.index("actor_loss")] / actor_updates if actor_updates \
+                else np.nan
+            per_step[names.index("actor_updates")] = actor_updates
         metrics = {
             "iteration": self.iteration,
             "global_step": self.global_step,
