@@ -126,6 +126,31 @@ def test_kernel_matches_reference_update(case):
     assert len(moved) == len(list(b.trainable_params()))  # every parameter (incl. log_std) was updated
 
 
+@pytest.mark.parametrize("returns, finite", [(1.5e18, True), (3e18, False), (2e19, False)])
+def test_kernel_and_graph_skip_the_same_steps_whose_float32_sums_overflow(returns, finite):
+    """The compiled graph sums a loss term's rows in float32: returns of ~3e18 overflow its value loss to inf and the
+    step is skipped. The kernel summed in double and applied a clipped step (a run with rewards of 1.5e18 stopped
+    at the non-finite guard with `builtin` and trained on with `auto`)."""
+    from scalebox_ms.ops import layout
+
+    spec, cfg, a, b, ref, step_b, kernel = _pair("discrete-tanh-ent")
+    rng = np.random.default_rng(0)
+    adv = rng.normal(size=MB)
+    features = Tensor(pack_features(rng.normal(size=(MB, spec.obs_dim)), np.full(MB, -0.7), rng.normal(size=MB), adv,
+                                    np.full(MB, returns), np.ones(MB)))
+    actions = Tensor(rng.integers(0, spec.action_dim, MB).astype(np.int32))
+    idx = Tensor(np.arange(MB, dtype=np.int32))
+    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.0, 10.0)]
+    before = _state(step_b)
+    want = ref(features, actions, idx, *scalars).asnumpy()
+    got = kernel(features, actions, idx, *scalars).asnumpy()
+    assert want[layout.STAT.finite] == got[layout.STAT.finite] == float(finite)
+    _assert_state_close(ref, step_b, f"returns {returns:g}")
+    if not finite:  # nothing moved (but Adam's learning-rate Parameter)
+        after = _state(step_b)
+        assert all(np.array_equal(after[n], before[n]) for n in after if n != "learning_rate")
+
+
 DENORMAL_SCRIPT = """
 import numpy as np
 from mindspore import Tensor

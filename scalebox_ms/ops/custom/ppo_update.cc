@@ -37,6 +37,7 @@
 // Denormals are flushed to zero for the whole call (FlushDenormals, simd.h; the caller's FP mode is restored).
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -274,8 +275,11 @@ __attribute__((noinline)) void step(Ctx &c, const int32_t *idx, int M, float *ou
   out[kStatApproxKl] = approx_kl;
   out[kStatClipFraction] = clip_fraction;
   out[kStatKlOk] = kl_ok ? 1.0f : 0.0f;
-  out[kStatFinite] = std::isfinite(out[kStatLoss]) ? 1.0f : 0.0f;  // as PPOUpdateStep: a non-finite loss or
-  out[kStatLossScale] = 1.0f;                                       // gradient skips the step
+  // as PPOUpdateStep: a non-finite loss or gradient skips the step; the graph sums each term's rows in float32,
+  // so a sum beyond float32's range is non-finite here too (the double sums kept training on returns of ~1e18)
+  const bool sums_fit = std::fabs(s.pol) <= FLT_MAX && std::fabs(s.val) <= FLT_MAX && std::fabs(s.ent) <= FLT_MAX;
+  out[kStatFinite] = sums_fit && std::isfinite(out[kStatLoss]) ? 1.0f : 0.0f;
+  out[kStatLossScale] = 1.0f;
   *c.lr_param = c.lr;
   if (out[kStatFinite] == 0.0f) return;  // nothing changes (the trainer counts and bounds these)
   if (c.kl_stop && !kl_ok) return;       // SB3's early stop: nothing changes

@@ -151,7 +151,8 @@ def _describe(model):
     if any(layer.fused for layer in pi + vf):
         _fail("needs nn.Dense layers, not FusedDense")
     if len(pi) > MAX_LAYERS or len(vf) > MAX_LAYERS:
-        _fail(f"at most {MAX_LAYERS} layers per MLP, got {len(pi)} and {len(vf)}")
+        _fail(f"at most {MAX_LAYERS} layers per MLP ({MAX_LAYERS - 1} hidden layers and the head), got {len(pi)} and "
+              f"{len(vf)}")
     hidden = {layer.activation for layer in pi[:-1] + vf[:-1]}
     if len(hidden) > 1 or not hidden <= set(ACT_IDS) or pi[-1].activation or vf[-1].activation:
         _fail(f"needs one hidden activation (tanh or relu) and linear heads, got {sorted(map(str, hidden))}")
