@@ -39,8 +39,8 @@ def _describe(model):
         raise CustomOpError(f"custom op {KERNEL!r}: needs one hidden activation (tanh or relu) and linear heads, got "
                             f"{sorted(map(str, hidden_acts))}")
     if len(pi) > MAX_LAYERS or len(vf) > MAX_LAYERS:
-        raise CustomOpError(f"custom op {KERNEL!r}: at most {MAX_LAYERS} layers per MLP ({MAX_LAYERS - 1} hidden layers "
-                            "and the head)")
+        raise CustomOpError(f"custom op {KERNEL!r}: at most {MAX_LAYERS} layers per MLP ({MAX_LAYERS - 1} hidden "
+                            "layers and the head)")
     spec = model.spec
     if getattr(model, "features", None) is not None or spec.action_kind not in ("discrete", "box"):
         raise CustomOpError(f"custom op {KERNEL!r}: implements MLPs on flat observations with Discrete or Box "
