@@ -198,6 +198,11 @@ def check_positive(key: str, value, null: bool = False) -> None:
     raise ConfigError(f"{key}: must be > 0{' or null' if null else ''}{detail}, got {short_repr(value)}")
 
 
+#: the strings a key of a Union type takes besides its number (by the key's name), for its error message
+STRING_FORMS = {"batch_size": "'auto'", "ent_coef": "'auto'/'auto_<initial value>'", "target_entropy": "'auto'",
+                "host_acting": "'auto'", "memory_limit": "a size like '16GB'", "worker_memory_limit": "a size like '2GB'"}
+
+
 def coerce(name: str, tp, value: Any) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -208,12 +213,18 @@ def coerce(name: str, tp, value: Any) -> Any:
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:
             return coerce(name, options[0], value)
+        refusals = []
         for option in options:
             try:
                 return coerce(name, option, value)
-            except ConfigError:
-                pass
-        names = {int: "an integer", float: "a number", str: "a string", bool: "true/false"}
+            except ConfigError as exc:
+                refusals.append((option, exc))
+        for option, exc in refusals:  # a number of the option's own kind: its reason (1e39: beyond float32)
+            if (option is float and isinstance(value, numbers.Real) and not isinstance(value, bool)) or \
+                    (option is int and isinstance(value, numbers.Integral) and not isinstance(value, bool)):
+                raise exc
+        names = {int: "an integer", float: "a number", bool: "true/false",
+                 str: STRING_FORMS.get(name.rsplit(".", 1)[-1], "a string")}
         raise ConfigError(f"{name}: expected {' or '.join(names.get(o, str(o)) for o in options)}, got {got}")
     if tp is bool:
         if isinstance(value, bool):

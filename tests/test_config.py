@@ -75,6 +75,10 @@ def test_exponent_numbers_reach_env_kwargs_as_numbers(tmp_path):
     ({"env": {"num_envs": 0}}, "env.num_envs: must be in [1, 1,048,576], got 0"),
     ({"ppo": {"max_batch": 8}}, "ppo.max_batch: (8) must be >= ppo.min_batch (64)"),
     ({"env": {"normalize_obs": "yes"}}, "env.normalize_obs: expected true/false"),
+    # keys of a number or some strings name those strings, and a number's own reason (it read "or a string")
+    ({"ppo": {"batch_size": 1.5}}, "ppo.batch_size: expected an integer or 'auto', got 1.5"),
+    ({"ppo": {"batch_size": 10**20}}, "ppo.batch_size: expected a 64-bit integer, got 100000000000000000000"),
+    ({"sandbox": {"memory_limit": [2]}}, "sandbox.memory_limit: expected an integer or a size like '16GB', got [2]"),
     ({"policy": {"pi_layers": [64, 0]}}, "policy.pi_layers: layer sizes must be >= 1"),
     ({"policy": {"pi_layers": 64}}, "policy.pi_layers: expected a list"),
     ({"sandbox": {"device": "tpu"}}, "sandbox.device: 'tpu' is not one of"),

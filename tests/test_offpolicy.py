@@ -133,8 +133,9 @@ def test_an_action_box_wider_than_float32_is_refused(algo):
     ({"ent_coef": 1e-50}, r"sac.ent_coef: must be in \[1.2e-38, 1e38\] \(its float32 log finite both ways\), got "
                           r"1e-50$"),
     ({"ent_coef": 3.4e38}, r"sac.ent_coef: must be in \[1.2e-38, 1e38\]"),  # (exp(float32 log) of it: inf)
-    ({"ent_coef": 1e39}, "sac.ent_coef: expected a number or a string"),
-    ({"target_entropy": 1e39}, "sac.target_entropy: expected a number or a string"),
+    ({"ent_coef": 1e39}, r"sac.ent_coef: expected a number finite in float32 \(\|x\| <= 3.4e38\)"),
+    ({"target_entropy": 1e39}, r"sac.target_entropy: expected a number finite in float32"),
+    ({"ent_coef": [1]}, r"sac.ent_coef: expected a number or 'auto'/'auto_<initial value>', got \[1\]$"),
     ({"learning_rate": 1e39}, r"sac.learning_rate: expected a number finite in float32 \(\|x\| <= 3.4e38\)"),
 ])
 def test_values_beyond_float32_are_refused_at_config_time(sac, culprit):
