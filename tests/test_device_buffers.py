@@ -73,7 +73,7 @@ def test_masked_add_keeps_the_valid_items_in_order_like_the_ring():
         ReplayBuffer(10, specs).add_batch_masked(np.ones(1, np.int32), obs=np.zeros((1, 3)), action=np.zeros(1))
 
 
-def test_replay_rows_are_the_draws_mod_the_size_so_every_row_is_equally_likely():
+def test_replay_rows_are_the_int32_draws_mod_the_size():
     """Row draws are int32 uniform in [0, 2**31 - 1) and the graph takes them mod the filled size: every row within a
     relative size / 2**31 of the same probability. Float32 draws ``floor(u * size)`` had 24 random bits: rows of a
     1e6 buffer came 16 or 17 times in 2**24 (6% apart), and a 2e7 buffer never sampled 4.3M of its rows."""

@@ -91,3 +91,16 @@ def test_quantized_policy_agrees_with_float_policy(level, calib):
     want = tr.deterministic_step(ms.Tensor(data)).asnumpy()
     assert (got == want).mean() >= 0.95
     tr.close()
+
+
+def test_a_quantized_squashed_policy_maps_saturated_outputs_like_the_float_one():
+    """SAC/TD3's INT8 graph took MindSpore's CPU tanh, which returns up to 1.0000098 near 5 and exactly 1 beyond:
+    actions above the Box's high bound, and another policy than the float graph (models.offpolicy.squash)."""
+    from scalebox_ms.quant.ptq import QuantDense, QuantizedPolicy
+
+    pre = np.array([[4.99, 6.0, -4.99, 0.3]], np.float32)
+    layer = QuantDense(np.zeros((4, 2), np.float32), pre[0], None)
+    policy = QuantizedPolicy([layer], discrete=False, low=[-2.0] * 4, high=[2.0] * 4, output="tanh")
+    got = policy(ms.Tensor(np.zeros((1, 2), np.float32))).asnumpy()
+    assert np.abs(got).max() <= 2.0
+    np.testing.assert_allclose(got, -2.0 + (np.tanh(pre.astype(np.float64)) + 1.0) * 2.0, atol=1e-6)

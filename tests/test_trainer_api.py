@@ -117,6 +117,15 @@ def test_a_callback_changing_the_learning_rate_mid_learn_is_checked_before_the_n
         with pytest.raises(ConfigError, match=rf"^learn: trainer\.config: {algo}\.learning_rate: "):
             t.learn(until=6 * step, callbacks=[SetRate(-0.01)])
         assert t.global_step == 4 * step  # (stopped after the iteration whose callback set it)
+
+        class SetAtStart(Callback):
+            def on_training_start(self, trainer):
+                trainer.config.algo_config.learning_rate = -0.01
+
+        t.config.algo_config.learning_rate = 5e-4
+        with pytest.raises(ConfigError, match=rf"^learn: trainer\.config: {algo}\.learning_rate: "):
+            t.learn(until=6 * step, callbacks=[SetAtStart()])
+        assert t.global_step == 4 * step  # (before the first iteration)
     finally:
         t.close()
 

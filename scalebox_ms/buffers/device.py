@@ -4,7 +4,7 @@ Both keep their data in MindSpore Parameters, so compiled graphs (a native-env r
 write and read them without a host round trip. Writes go through Tensor-index assignment / ``scatter_update``
 (``param[s:e] = x`` inside a graph is silently dropped on MindSpore 2.10, see docs/design.md); flags are stored as
 uint8 because the CPU ScatterNdUpdate kernel has no bool variant. Anything random (replay sampling) takes its
-uniform noise as an input, drawn by a numpy Generator, so results are reproducible and checkpointable.
+draws as an input (:func:`sample_draws`, from a numpy Generator), so results are reproducible and checkpointable.
 """
 from __future__ import annotations
 
@@ -94,8 +94,8 @@ class ReplayBuffer(nn.Cell):
     ``{"obs": ((4,), np.float32), "action": ((), np.int32), "reward": ((), np.float32)}``.
 
     Graph API (usable inside your own compiled train step): :meth:`add` writes a batch at the ring position
-    with wrap-around; :meth:`gather` returns the items at ``floor(u * len)`` for uniform noise ``u`` in [0, 1)
-    (uniform sampling with replacement). Host API: :meth:`add_batch`, :meth:`sample`, ``len(buffer)``,
+    with wrap-around; :meth:`gather` returns the items at rows ``draws mod len`` for int32 ``draws`` from
+    :func:`sample_draws` (uniform sampling with replacement). Host API: :meth:`add_batch`, :meth:`sample`, ``len(buffer)``,
     :meth:`state_dict` / :meth:`load_state_dict`.
     """
 
@@ -152,7 +152,8 @@ class ReplayBuffer(nn.Cell):
         rows (float32 draws ``u * size`` had 24 random bits: rows of a 1e6 buffer came 16 or 17 times in 2**24, 6%
         apart, and a 2e7 buffer never sampled 4.3M of its rows). Row 0, never written, of an empty buffer: a
         phase's batched sampling runs before it knows whether it trains."""
-        idx = ops.remainder(draws, ops.maximum(self.size, 1))
+        size = ops.maximum(self.size, 1)
+        idx = ops.clip_by_value(ops.remainder(draws, size), 0, size - 1)  # (exact on CPU; a bound on any backend)
         return tuple(ops.gather(field, idx, 0) for field in self.fields)
 
     # -- host API ----------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ..errors import ConfigError
 from ..models.cnn import CombinedFeatures, conv2d_valid
+from ..models.offpolicy import squash
 
 LEVELS = ("L1", "L2")
 CALIBRATIONS = ("minmax", "percentile")
@@ -159,7 +160,7 @@ class QuantizedPolicy(nn.Cell):
         if self.output == "argmax":
             return ops.argmax(out, -1).astype(ms.int32)
         if self.output == "tanh":
-            return self.low + (ops.tanh(out) + 1.0) * self.half_range
+            return self.low + (squash(out) + 1.0) * self.half_range  # (as the float policy's DeployActor)
         return ops.clip_by_value(out, self.low, self.high)
 
 

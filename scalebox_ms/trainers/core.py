@@ -205,6 +205,7 @@ class Trainer:
             callbacks.append(EvalCallback.from_config(self.config, log=self.log.info))
         for cb in callbacks:
             cb.on_training_start(self)
+        self._check_live()  # (a callback's on_training_start may set them too)
         return stop_at, callbacks
 
     def _end_iteration(self, callbacks, metrics: dict) -> bool:
@@ -219,14 +220,19 @@ class Trainer:
                 stop = True
         if stop or self._closed:  # (a callback closed the trainer: its envs are gone)
             return True
-        if self._live_values() != self._live:  # (cheap: the whole check only when one changed)
-            self._refuse_if_config_changed("learn")
-            self._live = self._live_values()
+        self._check_live()
         return False
 
-    def _live_values(self) -> tuple:
+    def _check_live(self) -> None:
+        """The keys of :data:`LIVE_KEYS` checked as a file's if a callback changed one since the last check (cheap:
+        their reprs compared; the whole check only then)."""
+        if self._live_values() != self._live:
+            self._refuse_if_config_changed("learn")
+            self._live = self._live_values()
+
+    def _live_values(self) -> list:
         sections = (getattr(self.config, key.split(".")[0], None) for key in LIVE_KEYS)
-        return tuple(getattr(sec, key.split(".")[1], None) for sec, key in zip(sections, LIVE_KEYS))
+        return [repr(getattr(sec, key.split(".")[1], None)) for sec, key in zip(sections, LIVE_KEYS)]
 
     # ------------------------------------------------------------------ inference
     def predict(self, obs, deterministic: bool = True, rng: Optional[np.random.Generator] = None) -> np.ndarray:
