@@ -4,16 +4,18 @@ maps the graph's outputs to env actions; :func:`evaluate_mindir` plays episodes 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import List
 
-from .errors import ConfigError
+from .errors import ConfigError, short_repr
 from .fileio import sha256_file, sidecar_digest
 
 # numpy and MindSpore are imported on use: `python -m scalebox_ms.evaluate` routes Ctrl-C before they start threads
 
 
-FORMAT = "scalebox_ms.policy.mindir.v1"
+FORMAT = "scalebox_ms.policy.mindir.v2"  # (v2: the sidecar carries its own sidecar_sha256)
+FORMAT_V1 = "scalebox_ms.policy.mindir.v1"
 
 
 def sidecar_path(mindir_path: str) -> str:
@@ -38,10 +40,14 @@ class MindIRPolicy:
                 or not isinstance(sc.get("action_space"), dict) or "type" not in sc["action_space"]):
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt")
         # (every field is used as it stands: an edited one ended in a KeyError or a MindSpore traceback)
-        if "sidecar_sha256" not in sc or sc.get("format") != FORMAT:
-            raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is not a {FORMAT} one with its "
-                              "sidecar_sha256 (written by an older scalebox_ms, or by hand); export again")
-        if sc["sidecar_sha256"] != sidecar_digest(sc):
+        if sc.get("format") == FORMAT_V1 and sc.get("file_sha256"):  # an older export's: its graph is checked below
+            logging.getLogger("scalebox_ms.mindir").warning(
+                f"warning: --mindir {path}: sidecar {sidecar_path(path)} is of an older export ({FORMAT_V1}, without "
+                "its own SHA-256): an edit to it cannot be detected; export again for a checked one")
+        elif sc.get("format") != FORMAT:
+            raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is not one of scalebox_ms.export "
+                              f"(format {short_repr(sc.get('format'))}, not {FORMAT}); export again")
+        elif sc.get("sidecar_sha256") != sidecar_digest(sc):
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} was edited since the export (its "
                               "sidecar_sha256 does not match); export again")
         if os.path.getsize(path) != sc.get("file_bytes") or sha256_file(path) != sc.get("file_sha256"):

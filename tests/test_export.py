@@ -332,11 +332,37 @@ def test_an_edited_sidecar_is_refused_in_one_line(cartpole, tmp_path, edit):
     with pytest.raises(ConfigError, match=r"^--mindir .*a.mindir: sidecar .*a.mindir.json was edited since the "
                                           r"export \(its sidecar_sha256 does not match\); export again$"):
         MindIRPolicy(path)
-    del sc["sidecar_sha256"]  # (as an older scalebox_ms wrote it)
+    del sc["sidecar_sha256"]
     with open(sidecar_path(path), "w") as f:
         json.dump(sc, f)
-    with pytest.raises(ConfigError, match=r"is not a scalebox_ms.policy.mindir.v1 one with its sidecar_sha256"):
+    with pytest.raises(ConfigError, match=r"a.mindir.json was edited since the export"):
         MindIRPolicy(path)
+
+
+def test_an_older_exports_sidecar_runs_with_a_warning_if_its_graph_checks_out(cartpole, tmp_path, caplog):
+    """Sidecars before sidecar_sha256 (format v1) are still read when their file_sha256 matches the graph (a
+    deployed file may have outlived its run): with a warning that edits to it cannot be detected."""
+    from scalebox_ms.export import MindIRPolicy, export_mindir, sidecar_path
+
+    path = str(tmp_path / "a.mindir")
+    export_mindir(cartpole, path)
+    with open(sidecar_path(path)) as f:
+        sc = json.load(f)
+    del sc["sidecar_sha256"]
+    sc["format"] = "scalebox_ms.policy.mindir.v1"
+    with open(sidecar_path(path), "w") as f:
+        json.dump(sc, f)
+    obs = np.zeros((2, 4), np.float32)
+    with caplog.at_level("WARNING", logger="scalebox_ms.mindir"):
+        assert MindIRPolicy(path)(obs).shape == (2,)
+    assert "is of an older export (scalebox_ms.policy.mindir.v1, without its own SHA-256)" in caplog.text
+    for edit, words in [({"file_sha256": None}, r"is not one of scalebox_ms.export \(format "
+                                                 r"'scalebox_ms.policy.mindir.v1', not scalebox_ms.policy.mindir.v2\)"),
+                        ({"format": "mine"}, r"\(format 'mine', not scalebox_ms.policy.mindir.v2\); export again$")]:
+        with open(sidecar_path(path), "w") as f:
+            json.dump({**sc, **edit}, f)
+        with pytest.raises(ConfigError, match=words):
+            MindIRPolicy(path)
 
 
 @pytest.mark.integration
