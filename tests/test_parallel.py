@@ -495,6 +495,20 @@ def test_a_signal_to_the_launcher_stops_the_ranks_together_with_a_checkpoint(tmp
     assert _processes_of(run_dir) == []
 
 
+def test_the_launcher_stops_on_sighup_unless_nohup_ignores_it():
+    """(The SIGHUP variant of the msrun test above runs with -m slow: its path is SIGINT's and SIGTERM's but for
+    this choice.)"""
+    from scalebox_ms.parallel.launcher import _stopping_signals
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert _stopping_signals() == [signal.SIGINT, signal.SIGTERM]
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert _stopping_signals() == [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 @pytest.mark.integration
 def test_a_signal_while_the_ranks_start_up_stops_the_job_at_once_and_leaves_no_run(tmp_path):
     """Before the ranks can stop by themselves (their step-0 checkpoint), SIGTERM stops the job at once: exit 143,
