@@ -200,7 +200,8 @@ def check_positive(key: str, value, null: bool = False) -> None:
 
 #: the strings a key of a Union type takes besides its number (by the key's name), for its error message
 STRING_FORMS = {"batch_size": "'auto'", "ent_coef": "'auto'/'auto_<initial value>'", "target_entropy": "'auto'",
-                "host_acting": "'auto'", "memory_limit": "a size like '16GB'", "worker_memory_limit": "a size like '2GB'"}
+                "host_acting": "'auto'", "memory_limit": "a size like '16GB'",
+                "worker_memory_limit": "a size like '2GB'"}
 
 
 def coerce(name: str, tp, value: Any) -> Any:

@@ -95,8 +95,8 @@ class ReplayBuffer(nn.Cell):
 
     Graph API (usable inside your own compiled train step): :meth:`add` writes a batch at the ring position
     with wrap-around; :meth:`gather` returns the items at rows ``draws mod len`` for int32 ``draws`` from
-    :func:`sample_draws` (uniform sampling with replacement). Host API: :meth:`add_batch`, :meth:`sample`, ``len(buffer)``,
-    :meth:`state_dict` / :meth:`load_state_dict`.
+    :func:`sample_draws` (uniform sampling with replacement). Host API: :meth:`add_batch`, :meth:`sample`,
+    ``len(buffer)``, :meth:`state_dict` / :meth:`load_state_dict`.
     """
 
     def __init__(self, capacity: int, specs: Dict[str, Tuple[Sequence[int], type]], spare_row: bool = False):
