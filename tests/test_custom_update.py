@@ -151,6 +151,36 @@ def test_kernel_and_graph_skip_the_same_steps_whose_float32_sums_overflow(return
         assert all(np.array_equal(after[n], before[n]) for n in after if n != "learning_rate")
 
 
+def test_a_step_the_kl_stops_is_judged_by_its_loss_on_both_paths():
+    """old log-probs of -1000 make every ratio inf: with positive advantages the clipped surrogate keeps the loss
+    finite, the KL is inf (over target_kl) and the gradient NaN (0 * inf through the minimum). The kernel checks the
+    KL before its backward pass (as SB3) and stopped the epochs; the graph called the step non-finite and went on."""
+    from scalebox_ms.ops import layout
+
+    spec, kw, _ = CASES["discrete-tanh-ent"]
+    cfg = replace(PPOConfig(learning_rate=3e-3), target_kl=0.05, normalize_advantage=False)
+    ms.set_seed(11)
+    a, b = ActorCritic(spec, **kw), ActorCritic(spec, **kw)
+    b.load_logical_parameters(a.logical_parameters())
+    ref, step_b = PPOUpdateStep(a, cfg), PPOUpdateStep(b, cfg)
+    kernel = PPOUpdateKernel(b, step_b.optimizer, cfg)
+    rng = np.random.default_rng(0)
+    adv = np.abs(rng.normal(size=MB)) + 0.1
+    features = Tensor(pack_features(rng.normal(size=(MB, spec.obs_dim)), np.full(MB, -1000.0), rng.normal(size=MB),
+                                    adv, adv, np.ones(MB)))
+    actions = Tensor(rng.integers(0, spec.action_dim, MB).astype(np.int32))
+    idx = Tensor(np.arange(MB, dtype=np.int32))
+    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.0, 10.0)]
+    before = _state(step_b)
+    want = ref(features, actions, idx, *scalars).asnumpy()
+    got = kernel(features, actions, idx, *scalars).asnumpy()
+    assert np.isfinite(want[layout.STAT.loss]) and want[layout.STAT.kl_ok] == got[layout.STAT.kl_ok] == 0.0
+    assert want[layout.STAT.finite] == got[layout.STAT.finite] == 1.0  # (the epochs stop here on both paths)
+    after = _state(step_b)
+    assert all(np.array_equal(after[n], before[n]) for n in after if n != "learning_rate")
+    _assert_state_close(ref, step_b, "KL stop")
+
+
 DENORMAL_SCRIPT = """
 import numpy as np
 from mindspore import Tensor

@@ -259,6 +259,10 @@ class PPOUpdateStep(nn.Cell):
         if self.kl_stop:  # static branch: without target_kl the KL is only reported
             if ops.logical_and(kl_ok, finite):
                 self._apply(grads, norm)
+            if not self.use_amp:  # a step the KL stops is judged by its loss alone, as SB3 checks the KL before its
+                # backward pass and the C++ kernel skips it (NaN gradients at a finite loss went on with the epochs)
+                finite = ops.logical_or(ops.logical_and(kl_ok, finite),
+                                        ops.logical_and(ops.logical_not(kl_ok), ops.isfinite(terms[STAT.loss])))
         elif finite:
             self._apply(grads, norm)
         return ops.concat([terms, ops.stack([kl_ok.astype(ms.float32), finite.astype(ms.float32), new_scale])])
