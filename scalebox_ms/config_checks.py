@@ -204,7 +204,9 @@ def _check_amp(a: AmpConfig) -> None:
            f"must be >= 1 (the scale never backs off below 1), got {short_repr(a.init_scale)}")
     _check(a.growth_factor >= 1.0, "amp.growth_factor", f"must be >= 1, got {short_repr(a.growth_factor)}")
     _check(0.0 < a.backoff_factor < 1.0, "amp.backoff_factor", f"must be in (0, 1), got {short_repr(a.backoff_factor)}")
-    _check(a.growth_interval >= 1, "amp.growth_interval", f"must be >= 1, got {short_repr(a.growth_interval)}")
+    # (the graphs count clean steps in int32: 2**31 wrapped to a negative interval, the scale grew on every step)
+    _check(1 <= a.growth_interval <= 2**31 - 1, "amp.growth_interval",
+           f"must be in [1, 2**31 - 1], got {short_repr(a.growth_interval)}")
 
 
 def _check_parallel_section(par: ParallelConfig) -> None:

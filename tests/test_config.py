@@ -366,6 +366,8 @@ def test_actor_critic_arguments_get_the_config_checks(kwargs, culprit):
 
 @pytest.mark.parametrize("kwargs, culprit", [
     ({"growth_interval": "often"}, "amp.growth_interval: expected an integer"),
+    # (an int32 counter in the graphs: 2**31 wrapped, and the loss scale grew on every clean step to fp16's limit)
+    ({"growth_interval": 2**31}, "amp.growth_interval: must be in [1, 2**31 - 1], got 2147483648"),
     ({"init_scale": float("nan")}, "amp.init_scale: expected a finite number"),
     ({"dtype": "float8"}, "amp.dtype: 'float8' is not one of float16, bfloat16"),
 ])
