@@ -78,7 +78,7 @@ def validate(cfg: Config) -> None:
 def checked_section(name: str, **values):
     """The ``name`` section dataclass with ``values`` set, type-converted and checked exactly as a config file's
     (:class:`ConfigError` naming ``name.key``), e.g. ``checked_section("amp", level="O2", growth_interval=0)``
-    raises ``amp.growth_interval: must be >= 1, got 0``. For classes users may construct directly
+    raises ``amp.growth_interval: must be in [1, 2**31 - 1], got 0``. For classes users may construct directly
     (:class:`~scalebox_ms.amp.AutoMixedPrecision`, :class:`~scalebox_ms.sandbox.Sandbox`, the actor-critic)."""
     section = type(getattr(Config(), name))()  # (a fresh section: PPO's policy defaults, as before algo existed)
     for key, value in values.items():
