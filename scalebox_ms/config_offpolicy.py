@@ -190,7 +190,8 @@ def check_sac(o: SACConfig) -> None:
 
 def check_td3(o: TD3Config) -> None:
     _check_common("td3", o)
-    _check(o.policy_delay >= 1, "td3.policy_delay", f"must be >= 1, got {short_repr(o.policy_delay)}")
+    _check(1 <= o.policy_delay <= 2**31 - 1, "td3.policy_delay",  # (an int32 constant in the graph)
+           f"must be in [1, 2**31 - 1], got {short_repr(o.policy_delay)}")
     _check(o.target_policy_noise >= 0, "td3.target_policy_noise",
            f"must be >= 0, got {short_repr(o.target_policy_noise)}")
     _check(o.target_noise_clip >= 0, "td3.target_noise_clip", f"must be >= 0, got {short_repr(o.target_noise_clip)}")
