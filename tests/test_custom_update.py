@@ -71,9 +71,9 @@ def _state(step):
     return {name: p.asnumpy().copy() for name, p in step.optimizer.parameters_and_names()}
 
 
-def _pair(case):
+def _pair(case, **extra):
     spec, kw, over = CASES[case]
-    cfg = replace(PPOConfig(learning_rate=3e-3), **over)
+    cfg = replace(PPOConfig(learning_rate=3e-3), **{**over, **extra})
     ms.set_seed(11)
     a, b = ActorCritic(spec, **kw), ActorCritic(spec, **kw)
     b.load_logical_parameters(a.logical_parameters())
@@ -126,6 +126,22 @@ def test_kernel_matches_reference_update(case):
     assert len(moved) == len(list(b.trainable_params()))  # every parameter (incl. log_std) was updated
 
 
+def _one_minibatch(pair, old_log_prob: float, advantages, returns):
+    """One minibatch of MB rows through the reference step and the kernel of ``_pair``: (reference stats, kernel
+    stats, the kernel's optimizer state before, after)."""
+    spec, _, _, _, ref, step_b, kernel = pair
+    rng = np.random.default_rng(0)
+    features = Tensor(pack_features(rng.normal(size=(MB, spec.obs_dim)), np.full(MB, old_log_prob),
+                                    rng.normal(size=MB), advantages, returns, np.ones(MB)))
+    actions = Tensor(rng.integers(0, spec.action_dim, MB).astype(np.int32))
+    idx = Tensor(np.arange(MB, dtype=np.int32))
+    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.0, 10.0)]
+    before = _state(step_b)
+    want = ref(features, actions, idx, *scalars).asnumpy()
+    got = kernel(features, actions, idx, *scalars).asnumpy()
+    return want, got, before, _state(step_b)
+
+
 @pytest.mark.parametrize("returns, finite", [(1.5e18, True), (3e18, False), (2e19, False)])
 def test_kernel_and_graph_skip_the_same_steps_whose_float32_sums_overflow(returns, finite):
     """The compiled graph sums a loss term's rows in float32: returns of ~3e18 overflow its value loss to inf and the
@@ -133,21 +149,12 @@ def test_kernel_and_graph_skip_the_same_steps_whose_float32_sums_overflow(return
     at the non-finite guard with `builtin` and trained on with `auto`)."""
     from scalebox_ms.ops import layout
 
-    spec, cfg, a, b, ref, step_b, kernel = _pair("discrete-tanh-ent")
-    rng = np.random.default_rng(0)
-    adv = rng.normal(size=MB)
-    features = Tensor(pack_features(rng.normal(size=(MB, spec.obs_dim)), np.full(MB, -0.7), rng.normal(size=MB), adv,
-                                    np.full(MB, returns), np.ones(MB)))
-    actions = Tensor(rng.integers(0, spec.action_dim, MB).astype(np.int32))
-    idx = Tensor(np.arange(MB, dtype=np.int32))
-    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.0, 10.0)]
-    before = _state(step_b)
-    want = ref(features, actions, idx, *scalars).asnumpy()
-    got = kernel(features, actions, idx, *scalars).asnumpy()
+    pair = _pair("discrete-tanh-ent")
+    adv = np.random.default_rng(1).normal(size=MB)
+    want, got, before, after = _one_minibatch(pair, -0.7, adv, np.full(MB, returns))
     assert want[layout.STAT.finite] == got[layout.STAT.finite] == float(finite)
-    _assert_state_close(ref, step_b, f"returns {returns:g}")
+    _assert_state_close(pair[4], pair[5], f"returns {returns:g}")
     if not finite:  # nothing moved (but Adam's learning-rate Parameter)
-        after = _state(step_b)
         assert all(np.array_equal(after[n], before[n]) for n in after if n != "learning_rate")
 
 
@@ -157,28 +164,13 @@ def test_a_step_the_kl_stops_is_judged_by_its_loss_on_both_paths():
     KL before its backward pass (as SB3) and stopped the epochs; the graph called the step non-finite and went on."""
     from scalebox_ms.ops import layout
 
-    spec, kw, _ = CASES["discrete-tanh-ent"]
-    cfg = replace(PPOConfig(learning_rate=3e-3), target_kl=0.05, normalize_advantage=False)
-    ms.set_seed(11)
-    a, b = ActorCritic(spec, **kw), ActorCritic(spec, **kw)
-    b.load_logical_parameters(a.logical_parameters())
-    ref, step_b = PPOUpdateStep(a, cfg), PPOUpdateStep(b, cfg)
-    kernel = PPOUpdateKernel(b, step_b.optimizer, cfg)
-    rng = np.random.default_rng(0)
-    adv = np.abs(rng.normal(size=MB)) + 0.1
-    features = Tensor(pack_features(rng.normal(size=(MB, spec.obs_dim)), np.full(MB, -1000.0), rng.normal(size=MB),
-                                    adv, adv, np.ones(MB)))
-    actions = Tensor(rng.integers(0, spec.action_dim, MB).astype(np.int32))
-    idx = Tensor(np.arange(MB, dtype=np.int32))
-    scalars = [Tensor(np.float32(x)) for x in (3e-3, 0.2, 0.0, 10.0)]
-    before = _state(step_b)
-    want = ref(features, actions, idx, *scalars).asnumpy()
-    got = kernel(features, actions, idx, *scalars).asnumpy()
+    pair = _pair("discrete-tanh-ent", target_kl=0.05, normalize_advantage=False)
+    adv = np.abs(np.random.default_rng(1).normal(size=MB)) + 0.1
+    want, got, before, after = _one_minibatch(pair, -1000.0, adv, adv)
     assert np.isfinite(want[layout.STAT.loss]) and want[layout.STAT.kl_ok] == got[layout.STAT.kl_ok] == 0.0
     assert want[layout.STAT.finite] == got[layout.STAT.finite] == 1.0  # (the epochs stop here on both paths)
-    after = _state(step_b)
     assert all(np.array_equal(after[n], before[n]) for n in after if n != "learning_rate")
-    _assert_state_close(ref, step_b, "KL stop")
+    _assert_state_close(pair[4], pair[5], "KL stop")
 
 
 DENORMAL_SCRIPT = """
