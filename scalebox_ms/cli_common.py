@@ -135,17 +135,47 @@ def sigint_held():
         yield lambda: False
         return
     held = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    # (SIGTERM and SIGHUP too where they stop at once: :func:`stop_at_once_on_termination`)
+    signums = [signal.SIGINT] + [s for s in _TERMINATION if signal.getsignal(s) is _stop_at_once]
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in signums}
     try:
         yield lambda: bool(held)
     except BaseException as exc:  # (an error after a Ctrl-C: the Ctrl-C is what was asked for)
         if held:
-            raise KeyboardInterrupt from exc
+            raise _interrupt(held[0]) from exc
         raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     if held:
-        raise KeyboardInterrupt
+        raise _interrupt(held[0])
+
+
+def _interrupt(signum: int) -> KeyboardInterrupt:
+    from .errors import Interrupted
+
+    return KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signum)
+
+
+_TERMINATION = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_at_once(signum, frame):
+    from .errors import Interrupted
+
+    raise Interrupted(signum)
+
+
+def stop_at_once_on_termination() -> None:
+    """SIGTERM, and SIGHUP unless it is ignored (``nohup``), stop the command as Ctrl-C does (``interrupted``, exit
+    128 + the signal's number; held back by :func:`sigint_held` like Ctrl-C) instead of killing it without a word
+    (exit 143 while ``train`` started up, before its run's own handlers). For the CLIs' own processes (main thread
+    only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in _TERMINATION:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, _stop_at_once)
 
 
 _routed = False  # route_sigint_around_mindspore ran: SIGINT is to stay blocked in the main thread

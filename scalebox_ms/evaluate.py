@@ -9,7 +9,7 @@ import json
 import sys
 
 from .cli_common import (OneLineArgumentParser, emit, import_mindspore, refuse_empty_checkpoint,
-                         route_sigint_around_mindspore, run_cli, sigint_held)
+                         route_sigint_around_mindspore, run_cli, sigint_held, stop_at_once_on_termination)
 
 
 def build_parser():
@@ -30,6 +30,7 @@ def build_parser():
 def main(argv=None) -> int:
     if argv is None:  # a process of its own: Ctrl-C must not become MindSpore's SIGTERM (see cli_common)
         route_sigint_around_mindspore()
+        stop_at_once_on_termination()  # SIGTERM/SIGHUP: "interrupted" as for Ctrl-C, nothing half-written
     args = build_parser().parse_args(argv)
 
     def go():

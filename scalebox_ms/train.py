@@ -20,7 +20,8 @@ may be edited. With ``run.eval_every`` and ``run.stop_return`` a run stops once 
 reaches the bar (``"status": "solved"``).
 
 Ctrl-C (SIGINT), SIGTERM or SIGHUP stops at the end of the current iteration with a checkpoint and summary.json
-(``"status": "interrupted"``), exit code 130, 143 or 129; a second one aborts at once. With ``--workers`` the
+(``"status": "interrupted"``), exit code 130, 143 or 129; a second one aborts at once. Before the run's handlers
+are in place (while it starts up) each stops train at once, as Ctrl-C does: ``interrupted``, the same exit codes. With ``--workers`` the
 launcher sends the signal on to the ranks, which stop together at the end of an iteration, the same way; while they
 still start up (before their step-0 checkpoint), or on a second signal, it stops the whole msrun job at once (no
 summary; ``--resume`` continues from the latest checkpoint; a fresh run that trained nothing leaves no directory).
@@ -33,7 +34,7 @@ import signal
 import sys
 
 from .cli_common import (OneLineArgumentParser, import_held, import_mindspore, refuse_empty_checkpoint,
-                         route_sigint_around_mindspore, run_cli, say, say_out)
+                         route_sigint_around_mindspore, run_cli, say, say_out, stop_at_once_on_termination)
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpole.yaml")
 
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
     # route Ctrl-C before numpy/MindSpore start their threads
     if argv is None and os.environ.get("MS_ROLE") != "MS_SCHED":
         route_sigint_around_mindspore()
+    if argv is None and "MS_ROLE" not in os.environ:  # (msrun's ranks: SIGTERM from msrun ends them as it did)
+        stop_at_once_on_termination()  # until the run's own handlers: "interrupted", not a silent exit 143
     try:
         import_held("numpy")  # (parallel.context's first import below)
     except KeyboardInterrupt:

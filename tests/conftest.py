@@ -28,10 +28,12 @@ def as_from_a_terminal():
     """``preexec_fn`` for a child that is sent SIGINT: Ctrl-C as from a terminal. pytest started in the background by
     a non-interactive shell (``cmd &`` in a script, as CI runners may do) has SIGINT ignored, as POSIX shells do
     for background jobs without job control; its workers and their children inherit that across exec and then
-    rightly ignore Ctrl-C (Python's ``interrupt_main`` does nothing)."""
+    rightly ignore Ctrl-C (Python's ``interrupt_main`` does nothing). SIGHUP as from a terminal too (a suite run
+    under ``nohup`` has it ignored)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 

@@ -329,10 +329,11 @@ def test_a_run_whose_evaluation_gives_up_still_completes_with_a_summary(tmp_path
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("tool", ["evaluate", "export"])
-def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool, monkeypatch):
+@pytest.mark.parametrize("tool, name", [("evaluate", "SIGINT"), ("export", "SIGINT"), ("evaluate", "SIGTERM")])
+def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool, name, monkeypatch):
     """MindSpore 2.10 turns SIGINT into SIGTERM while a graph runs; evaluate/export route Ctrl-C around it as
-    train does: 'interrupted', exit 130, instead of being killed."""
+    train does: 'interrupted', exit 130, instead of being killed. SIGTERM (a scheduler's) stops them the same way,
+    exit 143 (it killed them without a word)."""
     import os
     import signal
     import subprocess
@@ -362,12 +363,12 @@ def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool, m
             time.sleep(0.2)
         assert mark.exists(), "the tool never stepped its env"
         time.sleep(1.0)  # well inside the loop of graph calls
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, name))
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert proc.returncode == 128 + getattr(signal, name), (proc.returncode, err[-2000:])
     assert err.strip().splitlines()[-1] == "interrupted"
 
 
@@ -410,38 +411,42 @@ def test_ctrl_c_while_mindspore_is_imported_is_a_clean_interrupt(tmp_path, nth):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("nth", [5, 40])
-def test_ctrl_c_while_train_imports_numpy_stops_the_run(tmp_path, nth):
+@pytest.mark.parametrize("name, package, nth", [("SIGINT", "numpy", 5), ("SIGINT", "numpy", 40),
+                                                ("SIGTERM", "mindspore", 300), ("SIGHUP", "mindspore", 900)])
+def test_a_signal_while_train_imports_stops_the_run(tmp_path, name, package, nth):
     """numpy's import (train's first, ~0.1 s after start) lost a KeyboardInterrupt raised inside it: the Ctrl-C was
-    ignored and the run trained to the end (exit 0). Now it is held until numpy is imported: 'interrupted', 130,
-    no run directory."""
+    ignored and the run trained to the end (exit 0). SIGTERM and SIGHUP before the run's own handlers (its first
+    ~2 s) killed train without a word (exit 143/129). Now each is held until the import is done, then stops train
+    as Ctrl-C does: 'interrupted', 128 + the signal's number, no run directory (and no SIGABRT from a MindSpore
+    import cut half-way)."""
     import os
+    import signal
     import subprocess
     import sys
 
     from conftest import REPO
 
     run_dir = tmp_path / "run"
-    script = tmp_path / "ctrl_c_in_numpy.py"
+    script = tmp_path / "signal_in_import.py"
     script.write_text(
         "import os, signal, sys\n"
         "from scalebox_ms.train import main\n"
-        "class CtrlC:  # a meta path finder that only watches: SIGINT once, inside numpy's import\n"
+        "class Signal:  # a meta path finder that only watches: one signal, inside the package's import\n"
         "    seen = 0\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.startswith('numpy.'):\n"
-        "            CtrlC.seen += 1\n"
-        f"            if CtrlC.seen == {nth}:\n"
-        "                os.kill(os.getpid(), signal.SIGINT)\n"
+        f"        if name.startswith({package + '.'!r}):\n"
+        "            Signal.seen += 1\n"
+        f"            if Signal.seen == {nth}:\n"
+        f"                os.kill(os.getpid(), signal.{name})\n"
         "        return None\n"
-        "sys.meta_path.insert(0, CtrlC())\n"
+        "sys.meta_path.insert(0, Signal())\n"
         f"sys.argv = ['train', '--total-steps', '64', '--no-progress', '--run-dir', {str(run_dir)!r},\n"
         "            '--set', 'ppo.n_steps=16', '--set', 'ppo.batch_size=32', '--set', 'run.eval_episodes=0']\n"
         "sys.exit(main())\n")
 
     r = subprocess.run([sys.executable, str(script)], env=dict(os.environ, PYTHONPATH=REPO), cwd=tmp_path,
                        capture_output=True, text=True, timeout=300, preexec_fn=as_from_a_terminal)
-    assert r.returncode == 130, (r.returncode, r.stderr[-2000:])
+    assert r.returncode == 128 + getattr(signal, name), (r.returncode, r.stderr[-2000:])
     assert r.stderr.strip().splitlines()[-1] == "interrupted" and not run_dir.exists()
 
 
