@@ -126,7 +126,9 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 def _check_common(name: str, o) -> None:
     check_positive(f"{name}.learning_rate", o.learning_rate)
-    _check(o.buffer_size >= 1, f"{name}.buffer_size", f"must be >= 1, got {short_repr(o.buffer_size)}")
+    # (the replay's ring positions are int32 and its rows drawn from [0, 2**31 - 1): buffers.device.DRAW_RANGE)
+    _check(1 <= o.buffer_size <= 2**31 - 1, f"{name}.buffer_size",
+           f"must be in [1, 2**31 - 1], got {short_repr(o.buffer_size)}")
     _check(o.learning_starts >= 0, f"{name}.learning_starts", f"must be >= 0, got {short_repr(o.learning_starts)}")
     _check(1 <= o.batch_size <= o.buffer_size, f"{name}.batch_size",
            f"must be in [1, {name}.buffer_size ({o.buffer_size})], got {short_repr(o.batch_size)}")

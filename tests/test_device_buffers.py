@@ -122,6 +122,46 @@ def test_replay_state_dict_roundtrip_and_errors():
         ReplayBuffer(0, specs)
 
 
+@pytest.mark.parametrize("capacity", [2**32 + 3, 2**31, 2.7, True, 0])
+def test_replay_refuses_a_capacity_its_int32_ring_cannot_hold(capacity):
+    """2**32 + 3 wrapped to a ring of 3 (position 0 after 3 adds), 2**31 + 5 made len() negative, 2.7 became 2."""
+    with pytest.raises(ValueError, match=r"capacity: must be an integer from 1 to 2147483647"):
+        ReplayBuffer(capacity, {"x": ((0,), np.float32)})
+
+
+def test_replay_host_api_refuses_bad_batches_in_one_line():
+    """Each used to be a ~30-line MindSpore traceback at the graph's compile (or the first add's, for bool)."""
+    specs = {"obs": ((3,), np.float32), "action": ((), np.int32)}
+    buf = ReplayBuffer(4, specs, spare_row=True)
+    bad = [(dict(obs=np.zeros((2, 4)), action=np.zeros(2)), r"field 'obs' has shape \(2, 4\), expected \(B,\) "
+            r"\+ \(3,\) with B = 2"),
+           (dict(obs=np.zeros((2, 3)), action=np.zeros(3)), r"field 'action' has shape \(3,\)"),
+           (dict(obs=np.zeros(3), action=np.zeros(())), r"field 'obs' has shape \(3,\)")]
+    for arrays, message in bad:
+        with pytest.raises(ValueError, match=message):
+            buf.add_batch(**arrays)
+    with pytest.raises(ValueError, match=r"valid has shape \(2,\), expected \(3,\)"):
+        buf.add_batch_masked([1, 0], obs=np.zeros((3, 3)), action=np.zeros(3))
+    with pytest.raises(ValueError, match="a batch of 5 items is larger than the capacity 4"):
+        buf.add_batch_masked(np.ones(5), obs=np.zeros((5, 3)), action=np.zeros(5))
+    with pytest.raises(ValueError, match="field 'done' is bool; store flags as uint8"):
+        ReplayBuffer(4, {"done": ((), np.bool_)})
+    assert len(buf) == 0
+    rollout = RolloutBuffer(4, 2, 3)
+    with pytest.raises(ValueError, match=r"fill: field 'obs' has shape \(4, 2, 2\), expected \(4, 2, 3\)"):
+        rollout.fill(obs=np.zeros((4, 2, 2)))
+    with pytest.raises(ValueError, match="fill: unknown field 'reward'"):
+        rollout.fill(reward=np.zeros((4, 2)))
+
+
+def test_masked_add_writes_every_non_zero_flag_once():
+    """A flag of 2 counted twice in the size: a never-written row was then sampled and the ring position was off."""
+    buf = ReplayBuffer(4, {"x": ((), np.int32)}, spare_row=True)
+    assert buf.add_batch_masked([2, 0, -1], x=[1, 2, 3]) == 2
+    np.testing.assert_array_equal(buf.state_dict()["x"], [1, 3])
+    assert int(buf.state_dict()["_position"]) == 2
+
+
 @pytest.mark.parametrize("saved_capacity, added, capacity", [(4, 6, 8), (4, 6, 5), (4, 6, 3), (8, 6, 4), (8, 6, 6),
                                                              (8, 3, 3), (4, 4, 2), (4, 6, 4)])
 def test_replay_state_loads_into_another_capacity_as_the_newest_rows_oldest_first(saved_capacity, added, capacity):

@@ -72,6 +72,7 @@ def test_algo_sections_and_defaults():
     ({"algo": "dqn", "dqn": {"gradient_steps": 0}}, "dqn.gradient_steps: must be >= 1, or -1"),
     # (an int32 constant in the graph: 2**31 wrapped to a negative delay)
     ({"algo": "td3", "td3": {"policy_delay": 2**31}}, "td3.policy_delay: must be in [1, 2**31 - 1], got 2147483648"),
+    ({"algo": "sac", "sac": {"buffer_size": 2**31}}, "sac.buffer_size: must be in [1, 2**31 - 1], got 2147483648"),
     ({"algo": "dqn", "dqn": {"batch_size": 10, "buffer_size": 5}}, "dqn.batch_size: must be in [1, dqn.buffer_size"),
     ({"algo": "td3", "policy": {"layer": "fused"}}, "policy.layer: 'fused' applies to ppo only"),
     ({"algo": "sac", "parallel": {"workers": 2}, "env": {"num_envs": 2}}, "parallel.workers: data parallelism"),

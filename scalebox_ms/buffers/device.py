@@ -82,7 +82,12 @@ class RolloutBuffer(nn.Cell):
         from ..ops import AssignParameters
 
         names = list(arrays)
-        params = [getattr(self, n) for n in names]
+        params = [getattr(self, n, None) for n in names]
+        for n, p in zip(names, params):
+            if not isinstance(p, Parameter):
+                raise ValueError(f"fill: unknown field {n!r}")
+            if np.shape(arrays[n]) != p.shape:
+                raise ValueError(f"fill: field {n!r} has shape {np.shape(arrays[n])}, expected {p.shape}")
         values = tuple(Tensor(np.asarray(arrays[n]).astype(p.asnumpy().dtype)) for n, p in zip(names, params))
         AssignParameters(params).write(values)
 
@@ -101,13 +106,18 @@ class ReplayBuffer(nn.Cell):
 
     def __init__(self, capacity: int, specs: Dict[str, Tuple[Sequence[int], type]], spare_row: bool = False):
         super().__init__()
-        if int(capacity) < 1:
-            raise ValueError(f"capacity: must be >= 1, got {capacity}")
+        # (int32 ring arithmetic in the graphs, rows drawn from [0, DRAW_RANGE): 2**32 + 3 wrapped to a ring of 3)
+        if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)) \
+                or not 1 <= capacity <= DRAW_RANGE:
+            raise ValueError(f"capacity: must be an integer from 1 to {DRAW_RANGE}, got {capacity!r}")
         if not specs:
             raise ValueError("specs: at least one field is required")
         self.capacity = int(capacity)
         self.names = tuple(specs)
         self.specs = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in specs.items()}
+        for name, (_, dt) in self.specs.items():
+            if dt == np.bool_:  # (MindSpore 2.10's CPU ScatterUpdate has no bool kernel: it failed at the first add)
+                raise ValueError(f"specs: field {name!r} is bool; store flags as uint8")
         # spare_row: one row past the ring that add_masked writes its masked-out items to (never sampled)
         rows = self.capacity + int(bool(spare_row))
         self.spare_row = bool(spare_row)
@@ -169,15 +179,29 @@ class ReplayBuffer(nn.Cell):
         items = self._host_items("add_batch_masked", arrays)
         if not self.spare_row:
             raise ValueError("add_batch_masked: the buffer has no spare row (spare_row=False)")
+        valid = np.asarray(valid)
+        if valid.shape != (items[0].shape[0],):
+            raise ValueError(f"add_batch_masked: valid has shape {valid.shape}, expected ({items[0].shape[0]},)")
+        if valid.shape[0] > self.capacity:  # (the ring positions of one call must not collide)
+            raise ValueError(f"add_batch_masked: a batch of {valid.shape[0]} items is larger than the capacity "
+                             f"{self.capacity}")
         if "add_masked" not in self._compiled:
             self._compiled["add_masked"] = _CompiledAddMasked(self)
-        return int(self._compiled["add_masked"](items, Tensor(np.asarray(valid, np.int32))).asnumpy())
+        flags = Tensor((valid != 0).astype(np.int32))  # (a flag of 2 counted twice: a never-written row sampled)
+        return int(self._compiled["add_masked"](items, flags).asnumpy())
 
     def _host_items(self, caller: str, arrays: dict):
-        """The fields' arrays as a mutable tuple of Tensors in ``names`` order (every field, no other key)."""
+        """The fields' arrays as a mutable tuple of Tensors in ``names`` order (every field, no other key), each of
+        shape (B,) + the field's shape with one B."""
         if set(arrays) != set(self.names):
             raise ValueError(f"{caller}: expected fields {list(self.names)}, got {sorted(arrays)}")
-        return ms.mutable(tuple(Tensor(np.asarray(arrays[n], self.specs[n][1])) for n in self.names))
+        values = {n: np.asarray(arrays[n], self.specs[n][1]) for n in self.names}
+        batch = values[self.names[0]].shape[:1]
+        for n in self.names:
+            if values[n].shape != batch + self.specs[n][0] or not batch:
+                raise ValueError(f"{caller}: field {n!r} has shape {values[n].shape}, expected (B,) + "
+                                 f"{self.specs[n][0]}" + (f" with B = {batch[0]}" if batch else ""))
+        return ms.mutable(tuple(Tensor(values[n]) for n in self.names))
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> Dict[str, np.ndarray]:
         if len(self) == 0:
