@@ -226,3 +226,20 @@ def test_kernel_return_code_is_a_custom_op_error():
     assert str(err.value).startswith("custom op 'fused_actor_mlp': an input has the wrong shape")
     assert str(err.value).endswith("(kernel return code 5)") and "\n" not in str(err.value)
     np.testing.assert_array_equal(kernel(obs, noise).asnumpy(), want)
+
+
+def test_noise_rows_must_match_the_observations_and_an_empty_batch_is_refused():
+    """Fewer noise rows than observations reached the kernel, which read past their end (actions from whatever
+    memory followed); an empty batch killed the process (SIGFPE in MindSpore's Split of the empty output)."""
+    spec, kw = CASES["discrete-2x64-tanh-dense"]
+    model = ActorCritic(spec, **kw)
+    obs, noise = _inputs(spec, 8, 0)
+    short = Tensor(noise.asnumpy()[:2])
+    with pytest.raises(CustomOpError, match="kernel return code 5"):
+        FusedActorKernel(model)(obs, short)
+    for kernel in ("custom", "builtin"):
+        with pytest.raises(ValueError, match="ActStep: noise needs one row per observation"):
+            ActStep(model, kernel=kernel)(obs, short)
+        with pytest.raises(ValueError, match=r"ActStep: an empty batch \(0 observations\)"):
+            ActStep(model, kernel=kernel)(Tensor(np.zeros((0, spec.obs_dim), np.float32)),
+                                          Tensor(np.zeros((0, spec.action_dim), np.float32)))

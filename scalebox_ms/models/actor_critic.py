@@ -319,6 +319,12 @@ class ActStep(nn.Cell):
 
     @ms.jit
     def construct(self, obs, noise):
+        # (static shapes: checked when the graph compiles; an empty batch killed the process with the custom kernel,
+        # MindSpore 2.10's Split of the empty output: SIGFPE, and was an empty RuntimeError with the builtin one)
+        if obs.shape[0] == 0:
+            raise ValueError("ActStep: an empty batch (0 observations)")
+        if noise.shape[0] != obs.shape[0]:
+            raise ValueError("ActStep: noise needs one row per observation")
         if self.custom:
             out = self.fused(obs, noise)
             if self.packed:

@@ -123,7 +123,8 @@ int act(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
     if (i == kInMeta) continue;
     if (std::strcmp(dtypes[i], "float32") != 0) return kErrDtype;
   }
-  if (ndims[kInObs] != 2 || shapes[kInObs][1] != obs_dim || ndims[kInNoise] != 2 || shapes[kInNoise][1] != act_dim)
+  if (ndims[kInObs] != 2 || shapes[kInObs][1] != obs_dim || ndims[kInNoise] != 2 || shapes[kInNoise][1] != act_dim ||
+      shapes[kInNoise][0] != shapes[kInObs][0])  // (fewer noise rows: the kernel read past their end)
     return kErrShape;
   const int64_t batch = shapes[kInObs][0];
   const float *obs = static_cast<const float *>(params[kInObs]);
