@@ -30,6 +30,21 @@ def test_categorical_log_prob_and_entropy():
     np.testing.assert_allclose(ent, -(np.exp(ref) * ref).sum(-1), rtol=1e-5, atol=1e-5)
 
 
+def test_categorical_entropy_of_masked_logits_counts_them_zero():
+    """Logits of -inf (masked actions) made 0 * -inf = NaN entropies; their log-probs were finite already."""
+    logits = np.random.default_rng(3).normal(size=(8, 4)).astype(np.float32)
+    masked = logits.copy()
+    masked[:, 0] = -np.inf
+    masked[0, 1:3] = -np.inf  # (one row with a single action left: entropy 0)
+    ent = D.categorical_entropy(ms.Tensor(masked)).asnumpy()
+    ref = np_log_softmax(logits[:, 1:].astype(np.float64))
+    ref_ent = -(np.exp(ref) * ref).sum(-1)
+    ref_ent[0] = 0.0
+    np.testing.assert_allclose(ent, ref_ent, rtol=1e-5, atol=1e-5)
+    grad = ms.grad(lambda x: D.categorical_entropy(x).sum())(ms.Tensor(masked)).asnumpy()
+    assert np.isfinite(grad).all() and (grad[:, 0] == 0).all()
+
+
 def test_gaussian_log_prob_and_entropy():
     rng = np.random.default_rng(1)
     mean = rng.normal(size=(16, 3)).astype(np.float32)

@@ -167,6 +167,36 @@ def test_global_norm_is_the_update_steps_finite_check_inside_a_graph():
     assert not bool(check(ms.Tensor(big), ms.Tensor(b))[1].asnumpy())
 
 
+def test_global_norm_of_float16_gradients_is_summed_in_float32():
+    """float16 squares overflowed at 256 (a norm of 948.7 came back inf), and float16 mixed with float32 failed in
+    MindSpore's Concat."""
+    from scalebox_ms.ops import clip_grad_norm, global_norm
+
+    half = np.full(10, 300.0, np.float16)
+    single = np.full(3, 2.0, np.float32)
+    want = np.sqrt(10 * 300.0 ** 2 + 3 * 4.0)
+    norm = global_norm((ms.Tensor(half), ms.Tensor(single)))
+    assert norm.dtype == ms.float32 and float(norm.asnumpy()) == pytest.approx(want, rel=1e-6)
+    clipped, norm = clip_grad_norm((ms.Tensor(half),), 1.0)
+    assert float(norm.asnumpy()) == pytest.approx(np.sqrt(10 * 300.0 ** 2), rel=1e-6)
+    assert clipped[0].dtype == ms.float16 and np.isfinite(clipped[0].asnumpy()).all()
+
+
+def test_assign_parameters_writes_one_value_per_parameter():
+    """zip wrote as many Parameters as there were values and left the rest as they were, without a word."""
+    from scalebox_ms.ops import AssignParameters
+
+    p = ms.Parameter(ms.Tensor(np.zeros(2, np.float32)), name="p_assign")
+    q = ms.Parameter(ms.Tensor(np.zeros(3, np.float32)), name="q_assign")
+    writer = AssignParameters([p, q])
+    with pytest.raises(ValueError, match="1 values for 2 Parameters"):
+        writer.write([ms.Tensor(np.ones(2, np.float32))])
+    with pytest.raises(ValueError, match="no Parameters"):
+        AssignParameters([])
+    writer.write([ms.Tensor(np.ones(2, np.float32)), ms.Tensor(np.full(3, 2.0, np.float32))])
+    np.testing.assert_array_equal(q.asnumpy(), [2.0, 2.0, 2.0])
+
+
 def test_learning_rate_input_reaches_the_optimizer():
     model, step, args = step_with_batch(4)
     rest = [ms.Tensor(np.float32(x)) for x in (0.2, np.inf, np.inf)]

@@ -18,10 +18,16 @@ class AssignParameters(nn.Cell):
 
     def __init__(self, params):
         super().__init__(auto_prefix=False)
-        self.params = ms.ParameterTuple(list(params))
+        params = list(params)
+        if not params:
+            raise ValueError("AssignParameters: no Parameters to write")
+        self.params = ms.ParameterTuple(params)
 
     def write(self, values):
-        return self(ms.mutable(tuple(values)))
+        values = tuple(values)
+        if len(values) != len(self.params):  # (zip wrote the first ones and left the rest as they were)
+            raise ValueError(f"AssignParameters.write: {len(values)} values for {len(self.params)} Parameters")
+        return self(ms.mutable(values))
 
     @ms.jit
     def construct(self, values):

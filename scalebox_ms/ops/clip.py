@@ -6,14 +6,15 @@ gradients are flattened into one vector for the norm, so the cost is ~2 kernels 
 
 Semantics are torch's ``clip_grad_norm_`` (what SB3 uses): ``g * min(1, max_norm / (||g||_2 + 1e-6))``.
 """
+import mindspore as ms
 from mindspore import ops
 
 
 def global_norm(grads):
     """The global L2 norm of ``grads`` (float32 scalar). It is not finite iff a gradient holds a NaN or an inf, or
     the sum of squares overflows float32 (a norm above ~1.8e19): the PPO update without AMP uses it as its
-    finiteness check too."""
-    flat = ops.concat([g.reshape(-1) for g in grads])
+    finiteness check too. Gradients of other dtypes are summed in float32 (float16's squares overflowed at 256)."""
+    flat = ops.concat([g.reshape(-1) if g.dtype == ms.float32 else g.reshape(-1).astype(ms.float32) for g in grads])
     return ops.sqrt((flat * flat).sum())
 
 
