@@ -818,3 +818,22 @@ def test_infos_are_cut_to_what_is_read_so_any_info_trains():
         games.close()
     assert infos[0] == {} and sorted(infos[2]) == ["_game_length", "_game_return", "game_length", "game_return"]
     assert list(infos[2]["game_length"]) == [3, 3]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(obs_dim=4, discrete=False, action_dim=2), "low: a Box action needs 2 finite bounds, got None"),
+    (dict(obs_dim=4, discrete=False, action_dim=2, low=(-1.0,), high=(1.0, 1.0)), "low: a Box action needs 2"),
+    (dict(obs_dim=4, discrete=False, action_dim=1, low=(-1.0,), high=(float("inf"),)), "high: a Box action needs 1"),
+    (dict(obs_dim=4, discrete=False, action_dim=1, low=(1.0,), high=(-1.0,)), r"low: \(1.0,\) is above high"),
+    (dict(obs_dim=0, discrete=True, action_dim=2), "obs_dim: must be an integer >= 1, got 0"),
+    (dict(obs_dim=4, discrete=True, action_dim=0), "action_dim: must be an integer >= 1, got 0"),
+    (dict(obs_dim=4, discrete=True, action_dim=2, action_kind="multidiscrete", nvec=(2, 2)),
+     "discrete: True contradicts action_kind 'multidiscrete'"),
+])
+def test_a_space_spec_the_model_cannot_act_on_is_refused(kwargs, message):
+    """A Box spec without bounds gave NaN actions (np.asarray(None, float32)); zero widths and a multidiscrete spec
+    marked discrete failed later in MindSpore with a traceback."""
+    from scalebox_ms.models import SpaceSpec
+
+    with pytest.raises(ValueError, match=message):
+        SpaceSpec(**kwargs)

@@ -17,6 +17,8 @@ implement); code that must know the multi kinds reads ``action_kind``.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -47,9 +49,22 @@ class SpaceSpec:
         kind = self.action_kind or ("discrete" if self.discrete else "box")
         if kind not in ACTION_KINDS:
             raise ValueError(f"action_kind: {kind!r} is not one of {', '.join(ACTION_KINDS)}")
+        if bool(self.discrete) != (kind == "discrete"):  # (multidiscrete with discrete=True failed in a Concat)
+            raise ValueError(f"discrete: {self.discrete!r} contradicts action_kind {kind!r} (True for 'discrete' only)")
+        for name in ("obs_dim", "action_dim"):  # (0: MindSpore's initializer failed with a traceback)
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
         object.__setattr__(self, "action_kind", kind)
         if kind == "multidiscrete" and (not self.nvec or len(self.nvec) != self.action_dim):
             raise ValueError("action_kind multidiscrete needs nvec with action_dim entries")
+        if kind == "box":  # (bounds of None were NaN in the model: every deterministic action NaN)
+            for name in ("low", "high"):
+                bound = getattr(self, name)
+                if bound is None or len(bound) != self.action_dim or not all(math.isfinite(x) for x in bound):
+                    raise ValueError(f"{name}: a Box action needs {self.action_dim} finite bounds, got {bound!r}")
+            if any(lo > hi for lo, hi in zip(self.low, self.high)):
+                raise ValueError(f"low: {self.low!r} is above high {self.high!r}")
 
     @property
     def image(self) -> bool:
