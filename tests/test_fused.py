@@ -69,6 +69,13 @@ def test_fused_dense_equals_dense_plus_activation(n_in, n_out, act, align):
     assert np.abs(gwd).max() > 0  # the reference gradient is not trivially zero
 
 
+def test_fused_dense_of_an_empty_batch_is_empty_like_dense():
+    """The input padding's kernel (PadV3) refused an empty batch, where nn.Dense returns (0, out)."""
+    fused = FusedDense(5, 3, "tanh", 4)
+    assert fused(Tensor(np.zeros((0, 5), np.float32))).shape == (0, 3)
+    assert fused(Tensor(np.zeros((2, 0, 5), np.float32))).shape == (2, 0, 3)
+
+
 def test_fused_dense_load_logical_is_seen_by_compiled_graphs():
     fd = FusedDense(3, 5, "relu", 8)
 
@@ -249,6 +256,23 @@ def test_build_model_honours_policy_layer_and_align():
     assert all(isinstance(c, (nn.Dense, nn.Tanh)) for c in dense.pi_net.cells())
     with pytest.raises(ConfigError, match="policy.layer"):
         ActorCritic(SpaceSpec(4, True, 2), layer="conv")
+
+
+def test_mlp_layers_refuses_what_it_cannot_describe():
+    """An nn.Dense's own activation, an nn.Sigmoid, a Dense without bias were left out of the layer list: a
+    quantised copy (DynamicQuantizer reads it) then computed another function."""
+    from mindspore import nn
+
+    from scalebox_ms.ops.fused import mlp_layers
+
+    assert [l.activation for l in mlp_layers(nn.SequentialCell([nn.Dense(4, 8), nn.Tanh(), nn.Dense(8, 2)]))] == \
+        ["tanh", None]
+    for cells, culprit in [([nn.Dense(4, 8, activation="tanh"), nn.Dense(8, 2)], "layer 0 is an nn.Dense with"),
+                           ([nn.Dense(4, 8), nn.Sigmoid(), nn.Dense(8, 2)], "layer 1 is a Sigmoid"),
+                           ([nn.Dense(4, 8, has_bias=False), nn.ReLU()], "layer 0 is an nn.Dense with"),
+                           ([nn.ReLU(), nn.Dense(4, 2)], "layer 0 is a ReLU")]:
+        with pytest.raises(ValueError, match=culprit):
+            mlp_layers(nn.SequentialCell(cells))
 
 
 def test_quantizer_reads_fused_layers_logically():

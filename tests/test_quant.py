@@ -62,6 +62,12 @@ def test_quantizer_input_validation():
         q(model, np.zeros((0, 4)))
     with pytest.raises(ConfigError, match="3 features"):
         q(model, np.zeros((5, 3)))
+    for bad in (np.nan, np.inf):  # (L2: NaN gave a scale of 1.0, inf quantised every input to 0: a constant action)
+        data = np.zeros((5, 4))
+        data[2, 1] = bad
+        for level in ("L1", "L2"):
+            with pytest.raises(ConfigError, match="calibration data holds NaN or infinity"):
+                DynamicQuantizer(quant_level=level)(model, data)
     with pytest.raises(ConfigError, match="no policy Dense layers"):
         q(ms.nn.Dense(4, 2), np.zeros((5, 4)))
 

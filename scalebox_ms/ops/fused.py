@@ -149,6 +149,8 @@ class FusedDense(nn.Cell):
     # ------------------------------------------------------------------ graph
     def construct(self, x):
         shape = x.shape
+        if 0 in shape[:-1]:  # (static: an empty batch, as nn.Dense returns it; the padding kernel refused it)
+            return ops.zeros(shape[:-1] + (self.out_features,), x.dtype)
         if len(shape) != 2:
             x = x.reshape(-1, shape[-1])
         if self.pad_input:
@@ -204,15 +206,23 @@ class LayerInfo(NamedTuple):
 
 
 def mlp_layers(seq: nn.Cell) -> list[LayerInfo]:
-    """The affine layers of an MLP made of ``nn.Dense`` (+ ``nn.Tanh``/``nn.ReLU``) or ``FusedDense`` cells."""
+    """The affine layers of an MLP made of ``nn.Dense`` (+ ``nn.Tanh``/``nn.ReLU``) or ``FusedDense`` cells. Any
+    other cell (``nn.Sigmoid``, a Dense's own ``activation=``, a Dense without bias) is a ValueError: it was left out,
+    and a quantised copy then computed another function."""
     cells = list(seq.cells())
     out = []
     for i, cell in enumerate(cells):
         if isinstance(cell, FusedDense):
             out.append(LayerInfo(cell.weight, cell.bias, cell.in_features, cell.out_features, cell.activation, True))
         elif isinstance(cell, nn.Dense):
+            if getattr(cell, "activation_flag", False) or not getattr(cell, "has_bias", True):
+                raise ValueError(f"mlp_layers: layer {i} is an nn.Dense with its own activation or without a bias; "
+                                 "supported: nn.Dense(has_bias=True) followed by nn.Tanh or nn.ReLU, or FusedDense")
             nxt = cells[i + 1] if i + 1 < len(cells) else None
             act = "tanh" if isinstance(nxt, nn.Tanh) else "relu" if isinstance(nxt, nn.ReLU) else None
             out_f, in_f = cell.weight.shape
             out.append(LayerInfo(cell.weight, cell.bias, int(in_f), int(out_f), act, False))
+        elif not (isinstance(cell, (nn.Tanh, nn.ReLU)) and i > 0 and isinstance(cells[i - 1], nn.Dense)):
+            raise ValueError(f"mlp_layers: layer {i} is a {type(cell).__name__}; supported: nn.Dense followed by "
+                             "nn.Tanh or nn.ReLU, or FusedDense")
     return out

@@ -243,6 +243,8 @@ class DynamicQuantizer:
             raise ConfigError(f"quantize: calibration data must be a non-empty (N, obs_dim) array, got shape {data.shape}")
         if data.shape[1] != layers[0][0].shape[1]:
             raise ConfigError(f"quantize: calibration data has {data.shape[1]} features, the policy expects {layers[0][0].shape[1]}")
+        if not np.isfinite(data).all():  # (L2: NaN gave a scale of 1.0 without a word, inf quantised every input to 0)
+            raise ConfigError("quantize: calibration data holds NaN or infinity")
         if self.quant_level == "L2":
             fan_in = max(w.shape[1] for w, _, _ in layers)
             if fan_in > _MAX_EXACT_FAN_IN:
