@@ -220,8 +220,8 @@ def check_off_policy(cfg) -> None:
     par = cfg.parallel
     _check(par.workers == 1, "parallel.workers",
            f"data parallelism is not supported with algo {algo} yet (one process; see docs/off_policy.md)")
-    _check(par.micro_batch_size is None and par.gradient_accumulation == 1, "parallel.gradient_accumulation",
-           f"applies to ppo only (algo {algo})")
+    _check(par.micro_batch_size is None, "parallel.micro_batch_size", f"applies to ppo only (algo {algo})")
+    _check(par.gradient_accumulation == 1, "parallel.gradient_accumulation", f"applies to ppo only (algo {algo})")
     _check(par.pipeline_stages == 1, "parallel.pipeline_stages",
            f"scalebox_ms has no pipeline parallelism (algo {algo}); use parallel.workers for data parallelism")
 

@@ -76,6 +76,8 @@ def test_algo_sections_and_defaults():
     ({"algo": "dqn", "dqn": {"batch_size": 10, "buffer_size": 5}}, "dqn.batch_size: must be in [1, dqn.buffer_size"),
     ({"algo": "td3", "policy": {"layer": "fused"}}, "policy.layer: 'fused' applies to ppo only"),
     ({"algo": "sac", "parallel": {"workers": 2}, "env": {"num_envs": 2}}, "parallel.workers: data parallelism"),
+    ({"algo": "dqn", "parallel": {"micro_batch_size": 4}}, "parallel.micro_batch_size: applies to ppo only"),
+    ({"algo": "dqn", "parallel": {"gradient_accumulation": 2}}, "parallel.gradient_accumulation: applies to ppo only"),
     ({"algo": "sac", "parallel": {"pipeline_stages": 2}}, "parallel.pipeline_stages: scalebox_ms has no pipeline "
                                                           "parallelism"),  # (was accepted and ignored)
     ({"algo": "dqn", "env": {"normalize_reward": True}}, "env.normalize_reward: not supported with algo dqn"),
