@@ -223,6 +223,40 @@ def test_a_memory_limit_below_the_process_is_refused_before_anything_is_written(
     assert not (tmp_path / "run").exists()
 
 
+def _checkpoint_files(run_dir):
+    return sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+
+
+def test_a_resume_refused_for_its_memory_limit_or_metrics_file_has_changed_nothing(run_copy):
+    """Both were refused after the resume had moved the later checkpoints to discarded/ and cut metrics.csv back
+    (the memory limit even after a whole iteration without --checkpoint)."""
+    files, metrics = _checkpoint_files(run_copy), open(os.path.join(run_copy, "metrics.csv")).read()
+    _edit_config(run_copy, "memory_limit: null", "memory_limit: 1MB")
+    with pytest.raises(Exception, match=r"^sandbox\.memory_limit: this process uses \d+ MB"):
+        train_run(resume=run_copy, checkpoint=ckpt(run_copy, 64), log=quiet)
+    assert _checkpoint_files(run_copy) == files and open(os.path.join(run_copy, "metrics.csv")).read() == metrics
+    _edit_config(run_copy, "memory_limit: 1MB", "memory_limit: null")
+    with open(os.path.join(run_copy, "metrics.csv"), "wb") as f:
+        f.write(b"\xff\xfe\x00junk")
+    with pytest.raises(CheckpointError, match=r"metrics.csv: not a metrics file"):
+        train_run(resume=run_copy, checkpoint=ckpt(run_copy, 64), log=quiet)
+    assert _checkpoint_files(run_copy) == files
+
+
+def test_a_learning_curve_that_cannot_be_written_is_a_warning_and_the_run_completes(run_copy):
+    """A learning_curve.png that was a directory ended a completed run with exit 2, an error naming the vanished
+    temporary file, and no summary.json."""
+    png = os.path.join(run_copy, "learning_curve.png")
+    os.remove(png)
+    os.mkdir(png)
+    lines = []
+    summary = train_run(resume=run_copy, log=lines.append)
+    assert summary["status"] == "completed"
+    assert json.load(open(os.path.join(run_copy, "summary.json")))["status"] == "completed"
+    assert [l for l in lines if l.startswith("warning:")] == [
+        f"warning: {png}: Is a directory: the learning curve was not written"]
+
+
 def test_a_resume_with_nothing_to_train_says_so_and_how_to_train_on(run_copy):
     """--resume of a finished run, or with --until at or below its step, logged 'resumed ... at step N' and exited 0
     having trained nothing, without a word on why or how to go on."""

@@ -169,10 +169,11 @@ def check_config_unchanged(run_dir: str, prefix: str, trained: dict, current: di
                           f"{', '.join(free)} may change on resume")
 
 
-def truncate_metrics(path: str, global_step: int) -> None:
-    """Drop rows logged after the checkpoint a run resumes from (they will be produced again)."""
+def read_metrics(path: str) -> Optional[list]:
+    """metrics.csv's rows (None: no file or an empty one); a file a resume cannot cut back is a CheckpointError. A
+    resume reads it before it moves any checkpoint (a damaged file refused after that had discarded them)."""
     if not os.path.exists(path):
-        return
+        return None
     try:
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
@@ -180,11 +181,20 @@ def truncate_metrics(path: str, global_step: int) -> None:
         raise CheckpointError(f"{path}: not a metrics file scalebox_ms can read ({type(exc).__name__}); move it "
                               "aside to resume (the checkpoints do not need it)") from None
     if not rows:
-        return
-    header, body = rows[0], rows[1:]
-    if "global_step" not in header:
+        return None
+    if "global_step" not in rows[0]:
         raise CheckpointError(f"{path}: its header has no global_step column (damaged); move it aside to resume "
                               "(the checkpoints do not need it)")
+    return rows
+
+
+def truncate_metrics(path: str, global_step: int, rows: Optional[list] = None) -> None:
+    """Drop rows logged after the checkpoint a run resumes from (they will be produced again); ``rows``: the file's
+    as :func:`read_metrics` read them."""
+    rows = read_metrics(path) if rows is None else rows
+    if not rows:
+        return
+    header, body = rows[0], rows[1:]
     col = header.index("global_step")
     kept = [r for r in body if len(r) == len(header) and r[col].isdigit() and int(r[col]) <= global_step]
     buf = io.StringIO()

@@ -6,7 +6,7 @@ import csv
 import math
 import os
 
-from ..fileio import atomic_path
+from ..fileio import atomic_path, errors_named
 from .core import Callback
 
 METRIC_COLUMNS = [
@@ -46,29 +46,13 @@ class MetricsWriter(Callback):
             self._f.flush()
 
     def on_iteration_end(self, trainer, metrics):
-        with _named(self.path):
+        with errors_named(self.path):
             self._w.writerow({k: _fmt(metrics.get(k)) for k in self.columns})
             self._f.flush()
 
     def close(self):
-        with _named(self.path):
+        with errors_named(self.path):
             self._f.close()
-
-
-class _named:
-    """Re-raise an OSError that names no file (a write or flush on a full disk) with ``path`` as its file, so the
-    CLI's one line says which file could not be written."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if isinstance(exc, OSError) and exc.filename is None:
-            raise OSError(exc.errno, exc.strerror, self.path) from None
-        return False
 
 
 def _fmt(v):
@@ -77,7 +61,19 @@ def _fmt(v):
     return "" if v is None else v
 
 
-def plot_learning_curve(metrics_csv: str, out_png: str, title: str) -> None:
+def plot_learning_curve(metrics_csv: str, out_png: str, title: str, log=None) -> None:
+    """Episode return vs env steps from ``metrics_csv`` into ``out_png`` (atomically). With ``log`` a file that
+    cannot be written is a logged warning, not an error: a run whose checkpoint is written is not failed for its
+    plot (a learning_curve.png that was a directory ended a completed run with exit 2 and no summary)."""
+    try:
+        _plot(metrics_csv, out_png, title)
+    except OSError as exc:
+        if log is None:
+            raise
+        log(f"warning: {exc.filename or out_png}: {exc.strerror or exc}: the learning curve was not written")
+
+
+def _plot(metrics_csv: str, out_png: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,7 +97,7 @@ def plot_learning_curve(metrics_csv: str, out_png: str, title: str) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     try:
-        with _named(out_png), atomic_path(out_png) as tmp:
+        with errors_named(out_png), atomic_path(out_png) as tmp:
             fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)

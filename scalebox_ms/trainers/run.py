@@ -28,7 +28,7 @@ from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_json, atomic_write_text
 from .callbacks import EvalCallback, ProgressBeat, eval_seed
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
-from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, remove_stale_temporaries,
+from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, read_metrics, remove_stale_temporaries,
                         select_checkpoint, truncate_metrics)
 from .core import Callback
 from .metrics_file import (METRIC_COLUMNS, OFF_POLICY_COLUMNS, TIMING_COLUMNS, MetricsWriter,  # noqa: F401
@@ -285,10 +285,13 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
         if prefix is not None:
             _check_world_size(prefix, trainer.world_size)
             trainer.load(prefix)
+            # refused before the resume changes anything (it was after discard_newer or a whole iteration)
+            trainer.sandbox.check_memory()  # (a limit below what the process uses already)
             if trainer.dist.is_main:
+                metrics = read_metrics(os.path.join(run_dir, "metrics.csv"))  # (a damaged file)
                 remove_stale_temporaries(run_dir, log)
                 discard_newer(run_dir, trainer.global_step, log)
-                truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step)
+                truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step, metrics)
                 log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(prefix)}")
                 if trainer.global_step >= cfg.run.total_steps:
                     log(f"the run is complete (run.total_steps {cfg.run.total_steps}): nothing to train; to train "
@@ -378,7 +381,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         saver.save(trainer)
     per_rank = _rank_hashes(trainer)
     plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"),
-                        f"{cfg.algo.upper()} {cfg.env.id} (seed {cfg.run.seed})")
+                        f"{cfg.algo.upper()} {cfg.env.id} (seed {cfg.run.seed})", log)
     completed = trainer.global_step >= cfg.run.total_steps
     solved = any(e.solved is not None for e in evals)
     m = trainer._last_metrics
