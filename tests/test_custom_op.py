@@ -238,8 +238,40 @@ def test_noise_rows_must_match_the_observations_and_an_empty_batch_is_refused():
     with pytest.raises(CustomOpError, match="kernel return code 5"):
         FusedActorKernel(model)(obs, short)
     for kernel in ("custom", "builtin"):
-        with pytest.raises(ValueError, match="ActStep: noise needs one row per observation"):
+        with pytest.raises(ValueError, match=r"^ActStep: noise needs one row per observation \(2 rows for 8\)$"):
             ActStep(model, kernel=kernel)(obs, short)
-        with pytest.raises(ValueError, match=r"ActStep: an empty batch \(0 observations\)"):
+        with pytest.raises(ValueError, match=r"^ActStep: an empty batch \(0 observations\)$"):
             ActStep(model, kernel=kernel)(Tensor(np.zeros((0, spec.obs_dim), np.float32)),
                                           Tensor(np.zeros((0, spec.action_dim), np.float32)))
+
+
+def test_short_log_std_meta_or_output_are_refused_by_the_kernel():
+    """A short log_std was read past its end (actions from whatever memory followed), a short meta too, a narrow
+    output written past its end; an unknown activation id made the hidden layers linear. The wrapper builds them
+    right; here the kernel is called by hand with one of them wrong."""
+    from mindspore import ops
+
+    from scalebox_ms.ops.custom.actor import KERNEL, func_spec
+    from scalebox_ms.ops.custom.status import custom_op_errors
+
+    spec, kw = CASES["continuous-2x24-tanh-dense"]
+    kernel = FusedActorKernel(ActorCritic(spec, **kw))
+    obs, noise = _inputs(spec, 8, 0)
+    meta = kernel.meta.asnumpy()
+    activation = meta.copy()
+    activation[3] = 7  # (mlp.h's kMetaActivation)
+
+    def call(log_std=kernel.log_std, meta=kernel.meta, width=kernel.width + 2):
+        op = ops.Custom(func_spec(KERNEL), out_shape=lambda o, *rest: (o[0], width), out_dtype=lambda o, *rest: o,
+                        func_type="aot")
+        with custom_op_errors():
+            return op(obs, noise, meta, log_std, *kernel.params)
+
+    assert call().shape == (8, kernel.width + 2)
+    for bad, code in [(dict(log_std=Tensor(kernel.log_std.asnumpy()[:1])), 5),
+                      (dict(width=kernel.width + 1), 5),
+                      (dict(meta=Tensor(meta[:-1])), 13),
+                      (dict(meta=Tensor(meta.astype(np.float32))), 13),
+                      (dict(meta=Tensor(activation)), 13)]:
+        with pytest.raises(CustomOpError, match=rf"\(kernel return code {code}\)$"):
+            call(**bad)

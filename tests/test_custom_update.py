@@ -608,6 +608,51 @@ def test_bad_discrete_action_raises_custom_op_error():
     _assert_state_equal(step_b, step_c, "after failed calls")
 
 
+def test_a_per_call_scalar_that_is_not_one_value_is_refused():
+    """An empty learning-rate Tensor was read past its end: Adam's learning_rate Parameter became junk (-2.9e-4)
+    and the weights moved by it, without an error."""
+    single, epochs, step_b, step_c, features, actions, scalars = _bad_call_setup("continuous-relu")
+    idx = Tensor(np.arange(MB, dtype=np.int32))
+    before = _state(step_c)
+    for k, bad in [(0, np.zeros(0, np.float32)), (3, np.zeros(2, np.float32))]:
+        wrong = list(scalars)
+        wrong[k] = Tensor(bad)
+        with pytest.raises(CustomOpError, match=r"a per-call scalar.*\(kernel return code 5\)$"):
+            epochs(features, actions, idx, *wrong)
+    after = _state(step_c)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    np.testing.assert_array_equal(epochs(features, actions, idx, *scalars).asnumpy(),
+                                  single(features, actions, idx, *scalars).asnumpy())
+
+
+def test_short_state_inputs_are_refused_before_the_kernel_writes_past_them():
+    """Adam's moments, the log_std moments, hyper and meta were not checked against the sizes the kernel reads and
+    writes (found with hand-built calls: a short moment had the float after it overwritten). The wrapper builds them
+    right; here the kernel is called by hand with one of them short, and refuses before anything is written."""
+    from scalebox_ms.ops.custom.status import custom_op_errors
+
+    single, epochs, step_b, step_c, features, actions, scalars = _bad_call_setup("continuous-relu")
+    idx = Tensor(np.arange(MB, dtype=np.int32))
+    c = epochs.call_one
+    names = ("meta", "hyper", "learning_rate", "beta1_power", "beta2_power", "global_step", "log_std", "m_log_std",
+             "v_log_std")
+
+    def call(name, short):
+        state = [Tensor(getattr(c, n).asnumpy()[:-1]) if n == name else getattr(c, n) for n in names]
+        moments = list(c.moment1)
+        if short == "moment":
+            moments[0] = Tensor(moments[0].asnumpy()[:-1])
+        with custom_op_errors():
+            c.op(features, actions, idx, *scalars, *state, *c.params, *moments, *c.moment2)
+
+    for name, short, code in [("m_log_std", None, 5), ("v_log_std", None, 5), ("hyper", None, 5), ("meta", None, 13),
+                              (None, "moment", 6)]:
+        with pytest.raises(CustomOpError, match=rf"\(kernel return code {code}\)$"):
+            call(name, short)
+    _assert_state_equal(step_b, step_c, "after the refused calls")
+
+
 def test_return_code_messages():
     """MindSpore's RuntimeError text is parsed for the code; unknown text passes through as None."""
     from scalebox_ms.ops.custom.status import MESSAGES, kernel_error

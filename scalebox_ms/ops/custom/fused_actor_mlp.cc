@@ -114,10 +114,16 @@ inline const float *run_mlp(const std::vector<Dense> &layers, const float *x, in
 
 int act(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam < kInLayers + 2) return kErrInputCount;
+  // (every size the kernel reads or writes is checked against the inputs' shapes: a short log_std, meta or output
+  // was read or written past its end)
+  if (ndims[kInMeta] != 1 || std::strcmp(dtypes[kInMeta], "int32") != 0 || shapes[kInMeta][0] < kNMlpMeta)
+    return kErrMeta;
   const int32_t *meta = static_cast<const int32_t *>(params[kInMeta]);
   const int n_pi = meta[kMetaNPi], n_vf = meta[kMetaNVf], discrete = meta[kMetaDiscrete],
             activation = meta[kMetaActivation], obs_dim = meta[kMetaObsDim], act_dim = meta[kMetaActDim];
   if (n_pi < 1 || n_vf < 1 || n_pi > kMaxLayers || n_vf > kMaxLayers) return kErrLayerCount;
+  if (shapes[kInMeta][0] != kNMlpMeta + n_pi + n_vf || (activation != kActTanh && activation != kActRelu))
+    return kErrMeta;
   if (nparam != kInLayers + 2 * (n_pi + n_vf) + 1) return kErrParamCount;
   for (int i = 0; i < nparam; ++i) {
     if (i == kInMeta) continue;
@@ -133,6 +139,9 @@ int act(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
   float *out = static_cast<float *>(params[nparam - 1]);
   const int width = discrete ? 1 : act_dim;
   const int out_stride = width + 2;
+  if ((!discrete && numel(ndims[kInLogStd], shapes[kInLogStd]) != act_dim) || ndims[nparam - 1] != 2 ||
+      shapes[nparam - 1][0] != batch || shapes[nparam - 1][1] != out_stride)
+    return kErrShape;
 
   const bool direct = batch <= kDirectRows;
   std::vector<Dense> pi(direct ? 0 : n_pi), vf(direct ? 0 : n_vf);

@@ -41,12 +41,6 @@ namespace {
 
 enum Input : int { kInHyper = 0, kInLr, kInLoss, kInStep, kInTensors };
 
-int64_t numel(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
-  return n;
-}
-
 bool is_f32(const char *dtype) { return std::strcmp(dtype, "float32") == 0; }
 
 

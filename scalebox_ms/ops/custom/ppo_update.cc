@@ -63,6 +63,10 @@ namespace {
 // scratch); no input is written. idx_ndim: 1 (one minibatch) or 2 (n_mb minibatches). Returns kOk or an error.
 int setup(Ctx &c, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int idx_ndim) {
   if (nparam < kInLayers + 1) return kErrInputCount;
+  // (every size the kernel reads or writes is checked against the inputs' shapes: a short scalar, hyper, meta,
+  // Adam moment or step counter was read or written past its end)
+  if (ndims[kInMeta] != 1 || std::strcmp(dtypes[kInMeta], "int32") != 0 || shapes[kInMeta][0] < kNPPOMeta)
+    return kErrMeta;
   const int32_t *meta = static_cast<const int32_t *>(params[kInMeta]);
   c.n_pi = meta[kMetaNPi];
   c.n_vf = meta[kMetaNVf];
@@ -76,6 +80,7 @@ int setup(Ctx &c, int nparam, void **params, int *ndims, int64_t **shapes, const
   if (c.n_pi < 1 || c.n_vf < 1 || c.n_pi > kMaxLayers || c.n_vf > kMaxLayers) return kErrLayerCount;
   const int n_pi = c.n_pi, nl = c.nl = c.n_pi + c.n_vf, discrete = c.discrete, obs_dim = c.obs_dim,
             act_dim = c.act_dim;
+  if (shapes[kInMeta][0] != kNPPOMeta + nl || (c.act != kActTanh && c.act != kActRelu)) return kErrMeta;
   if (nparam != kInLayers + 6 * nl + 1) return kErrParamCount;
   for (int i = 0; i < nparam; ++i) {
     const bool is_int = i == kInIndices || i == kInMeta || i == kInGlobalStep || (i == kInActions && discrete);
@@ -88,6 +93,13 @@ int setup(Ctx &c, int nparam, void **params, int *ndims, int64_t **shapes, const
   if (discrete ? (ndims[kInActions] != 1 || as[0] != B) : (ndims[kInActions] != 2 || as[0] != B || as[1] != act_dim))
     return kErrShape;
   if (!discrete && (ndims[kInLogStd] != 1 || shapes[kInLogStd][0] != act_dim)) return kErrShape;
+  if (!discrete && (!same_shape(kInLogStdM1, kInLogStd, ndims, shapes) ||
+                    !same_shape(kInLogStdM2, kInLogStd, ndims, shapes)))
+    return kErrShape;
+  for (int i : {kInLearningRate, kInClipRange, kInClipRangeVf, kInKlLimit, kInLrParam, kInBeta1Power, kInBeta2Power,
+                kInGlobalStep})
+    if (numel(ndims[i], shapes[i]) != 1) return kErrShape;
+  if (numel(ndims[kInHyper], shapes[kInHyper]) != kNHyper) return kErrShape;
 
   c.threads = kernel_threads();
   c.features = static_cast<const float *>(params[kInFeatures]);
@@ -120,6 +132,8 @@ int setup(Ctx &c, int nparam, void **params, int *ndims, int64_t **shapes, const
     const int in = first ? obs_dim : c.layer(k - 1).out, out = meta[kNPPOMeta + k];
     if (ndims[pw] != 2 || ndims[pb] != 1 || shapes[pw][0] != out || shapes[pw][1] != in || shapes[pb][0] != out)
       return kErrLayerShape;
+    for (int m : {2 * nl, 4 * nl})  // its Adam moments, written with the layer's sizes
+      if (!same_shape(pw + m, pw, ndims, shapes) || !same_shape(pb + m, pb, ndims, shapes)) return kErrLayerShape;
     L.shape(in, out, !first);  // the first layers' input gradient is not needed
     L.w = static_cast<float *>(params[pw]);
     L.b = static_cast<float *>(params[pb]);

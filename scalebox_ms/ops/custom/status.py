@@ -20,17 +20,19 @@ MESSAGES = {
     2: "the policy and value MLPs need 1 to 16 layers each",
     3: "the number of inputs does not match the MLPs' layer counts",
     4: "an input has the wrong dtype (float32; int32 for indices, discrete actions, meta and global_step)",
-    5: "an input has the wrong shape (features or observations, actions or noise, indices, log_std, or the output)",
-    6: "a layer's weight or bias shape does not match the MLP's layer sizes",
+    5: "an input has the wrong shape (features or observations, actions or noise, indices, log_std or its Adam "
+       "moments, a per-call scalar, hyper, the step counters, or the output)",
+    6: "a layer's weight or bias shape (or its Adam moments') does not match the MLP's layer sizes",
     7: "the policy head is not action_dim wide or the value head not 1 wide",
     8: "a minibatch index is outside the rollout",
     9: "a discrete action is outside the action space",
     10: "out of memory",
     11: "a C++ exception inside the kernel",
     12: "oneDNN (the library inside MindSpore's CPU wheel) refused the convolution",
+    13: "meta is not an int32 vector of the MLPs' length, or names an activation other than tanh or relu",
 }
 #: the codes whose call wrote nothing (checked before any write); other failures may have left a partial update
-NOTHING_WRITTEN = frozenset(range(1, 10))
+NOTHING_WRITTEN = frozenset(range(1, 10)) | {13}
 #: exported symbol -> kernel name (both entry points of ppo_update.cc and of offpolicy_optim.cc; patches.cc's)
 SYMBOLS = {"FusedActorMLP": "fused_actor_mlp", "PPOUpdate": "ppo_update", "PPOUpdateEpochs": "ppo_update",
            "GuardedAdam": "offpolicy_optim", "PolyakUpdate": "offpolicy_optim", "ImagePatches": "image_patches",
