@@ -182,3 +182,12 @@ def test_replay_state_loads_into_another_capacity_as_the_newest_rows_oldest_firs
     assert len(loaded) == len(reference) == min(capacity, len(held) + 3)
     assert sorted(got["x"].tolist()) == sorted(want["x"].tolist())
     assert 0.0 not in got["x"]  # (no never-written row counted)
+
+
+def test_graph_gae_refuses_last_values_of_another_width_in_one_line():
+    """A MindSpore traceback (a Mul that cannot broadcast) and an analyze_fail.ir dump in the working directory."""
+    from mindspore import Tensor
+
+    buf = RolloutBuffer(4, 2, 3)
+    with pytest.raises(ValueError, match=r"^compute_gae: last_values has shape \(3,\), expected \(2,\)"):
+        buf.compute_gae(Tensor(np.zeros(3, np.float32)), 0.99, 0.95)

@@ -8,7 +8,7 @@ from mindspore import Tensor, nn, ops
 from scalebox_ms.errors import CheckpointError, ConfigError
 from scalebox_ms.models import SpaceSpec, build_model
 from scalebox_ms.models.actor_critic import ActorCritic, ActStep
-from scalebox_ms.ops import FusedDense, aligned
+from scalebox_ms.ops import FusedDense, aligned, fused_mlp
 from scalebox_ms.quant import DynamicQuantizer
 from scalebox_ms.sandbox import Sandbox
 
@@ -74,6 +74,8 @@ def test_fused_dense_of_an_empty_batch_is_empty_like_dense():
     fused = FusedDense(5, 3, "tanh", 4)
     assert fused(Tensor(np.zeros((0, 5), np.float32))).shape == (0, 3)
     assert fused(Tensor(np.zeros((2, 0, 5), np.float32))).shape == (2, 0, 3)
+    with pytest.raises(ValueError, match=r"fused_mlp: 1 \(weight_init, bias_init\) pairs for 2 layers"):
+        fused_mlp([4, 8, 2], "tanh", inits=[(None, None)])  # (an IndexError)
 
 
 def test_fused_dense_load_logical_is_seen_by_compiled_graphs():

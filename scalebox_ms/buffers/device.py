@@ -58,9 +58,16 @@ class RolloutBuffer(nn.Cell):
         self.terminated[t] = terminated.astype(ms.uint8)
         self.truncated[t] = truncated.astype(ms.uint8)
 
-    @ms.jit
     def compute_gae(self, last_values, gamma, gae_lambda):
-        """Reverse scan over t = T-1 .. 0 in a graph while loop; fills ``advantages`` and ``returns``."""
+        """Reverse scan over t = T-1 .. 0 in a graph while loop; fills ``advantages`` and ``returns``.
+        ``last_values``: (num_envs,) (another shape was a MindSpore traceback and an analyze_fail.ir dump)."""
+        if tuple(last_values.shape) != (self.num_envs,):
+            raise ValueError(f"compute_gae: last_values has shape {tuple(last_values.shape)}, expected "
+                             f"({self.num_envs},): one value per env")
+        return self._gae_scan(last_values, gamma, gae_lambda)
+
+    @ms.jit
+    def _gae_scan(self, last_values, gamma, gae_lambda):
         running = ops.zeros_like(last_values)
         next_values = last_values
         t = Tensor(self.n_steps - 1, ms.int32)

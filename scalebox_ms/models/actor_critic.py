@@ -282,6 +282,15 @@ class ActorCritic(nn.Cell):
 ACT_KERNELS = ("builtin", "custom")
 
 
+def _act_batch_error(obs_shape, noise_shape) -> str:
+    """Why :class:`ActStep` cannot act on a batch of these shapes ("" if it can)."""
+    if obs_shape[0] == 0:
+        return "ActStep: an empty batch (0 observations)"
+    if noise_shape[0] != obs_shape[0]:
+        return f"ActStep: noise needs one row per observation ({noise_shape[0]} rows for {obs_shape[0]})"
+    return ""
+
+
 class ActStep(nn.Cell):
     """Compiled acting call: (obs batch, noise) -> (action, log_prob, value) for all envs at once.
 
@@ -317,14 +326,19 @@ class ActStep(nn.Cell):
             self.fused = FusedActorKernel(model)
             self.width = self.fused.width
 
+    def __call__(self, obs, noise):
+        # (a direct call: one line; inside a graph of yours construct's own check raises when that graph compiles)
+        error = _act_batch_error(tuple(obs.shape), tuple(noise.shape))
+        if error:
+            raise ValueError(error)
+        return super().__call__(obs, noise)
+
     @ms.jit
     def construct(self, obs, noise):
-        # (static shapes: checked when the graph compiles; an empty batch killed the process with the custom kernel,
-        # MindSpore 2.10's Split of the empty output: SIGFPE, and was an empty RuntimeError with the builtin one)
-        if obs.shape[0] == 0:
-            raise ValueError("ActStep: an empty batch (0 observations)")
-        if noise.shape[0] != obs.shape[0]:
-            raise ValueError("ActStep: noise needs one row per observation")
+        # (static shapes: an empty batch killed the process with the custom kernel, MindSpore 2.10's Split of the
+        # empty output: SIGFPE, and was an empty RuntimeError with the builtin one)
+        if obs.shape[0] == 0 or noise.shape[0] != obs.shape[0]:
+            raise ValueError(_act_batch_error(obs.shape, noise.shape))
         if self.custom:
             out = self.fused(obs, noise)
             if self.packed:

@@ -180,6 +180,8 @@ def fused_mlp(dims: Sequence[int], activation: str, align: int = 16, inits=None,
     """
     n = len(dims) - 1
     inits = inits or [(None, None)] * n
+    if len(inits) != n:  # (too few was an IndexError; too many were ignored)
+        raise ValueError(f"fused_mlp: {len(inits)} (weight_init, bias_init) pairs for {n} layers")
     cells = OrderedDict()
     for i in range(n):
         a, b = dims[i], dims[i + 1]
