@@ -158,16 +158,27 @@ def _exit_code(summary: dict) -> int:
 
 def _remove_if_untrained(run_dir: str, step_zero_too: bool) -> None:
     """Remove a run directory this launch created when the job failed or was stopped before it trained: no
-    checkpoint, or with ``step_zero_too`` only step 0's (a rank refusing its config after rank 0 wrote ckpt_0; a
-    signal while the ranks started up); the same command then starts afresh (the directory would refuse it). A
-    crashed or hung job keeps its directory once it has a checkpoint: its error names the logs in it."""
+    checkpoint, or with ``step_zero_too`` only step 0's and no iteration in metrics.csv (a rank refusing its config
+    after rank 0 wrote ckpt_0; a signal while the ranks started up); the same command then starts afresh (the
+    directory would refuse it). A job that trained keeps its directory: an env that raised in the first iteration
+    after ckpt_0 removed it, metrics and logs included, where the error said the latest checkpoint resumes it."""
     import glob
     import re
     import shutil
 
     steps = [re.search(r"ckpt_(\d+)\.json$", p) for p in glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.json"))]
-    if not steps or (step_zero_too and all(m is not None and int(m.group(1)) == 0 for m in steps)):
+    if not steps or (step_zero_too and all(m is not None and int(m.group(1)) == 0 for m in steps)
+                     and not _metrics_rows(os.path.join(run_dir, "metrics.csv"))):
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _metrics_rows(path: str) -> int:
+    """Iterations logged in metrics.csv (its lines after the header; 0 without the file)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return max(0, sum(1 for line in f if line.strip()) - 1)
+    except OSError:
+        return 0
 
 
 def _refuse_images_before_msrun(cfg) -> None:

@@ -1044,3 +1044,10 @@ def test_a_failed_fresh_launch_removes_its_run_directory_only_if_nothing_was_tra
         (run / "checkpoints" / f"ckpt_{step:012d}.json").write_text("{}")
     _remove_if_untrained(str(run), step_zero_too=True)
     assert (run / "checkpoints" / "ckpt_000000000512.json").exists()  # trained: kept for --resume
+    (run / "checkpoints" / "ckpt_000000000512.json").unlink()
+    (run / "metrics.csv").write_text("iteration,global_step\n1,256\n")
+    _remove_if_untrained(str(run), step_zero_too=True)  # an env raised on a rank after an iteration: 2, as a refusal
+    assert (run / "metrics.csv").exists()  # trained (it was removed, metrics and logs with it): kept for --resume
+    (run / "metrics.csv").write_text("iteration,global_step\n")
+    _remove_if_untrained(str(run), step_zero_too=True)
+    assert not run.exists()  # the header only: nothing trained
