@@ -125,18 +125,22 @@ def sigint_held():
     """Run the block with Ctrl-C held back, then raise it (KeyboardInterrupt) when the block is done; for code that
     mishandles a KeyboardInterrupt raised inside it: MindSpore's graph compiler (``ms.export``) turned one into ~30
     lines of ANALYZER errors and an ``analyze_fail.ir`` dump in the working directory, or lost it and went on.
-    Only in the main thread with Python's default SIGINT handler; else (ignored, or a handler of yours) the block
-    runs as it is.
+    Only in the main thread, and for SIGINT only with Python's default handler (ignored, or a handler of yours: the
+    block runs as it is); SIGTERM and SIGHUP are held where :func:`stop_at_once_on_termination` set them.
 
     It yields a function that tells whether a Ctrl-C is held, for a long block to stop early at a safe point
     (``evaluate_policy(..., should_stop=asked)``)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    # (SIGTERM and SIGHUP too where they stop at once, :func:`stop_at_once_on_termination`, whatever SIGINT's
+    # handler is: a command started with `&` has SIGINT ignored, and a SIGTERM raised inside MindSpore's import)
+    signums = [signal.SIGINT] if signal.getsignal(signal.SIGINT) is signal.default_int_handler else []
+    signums += [s for s in _TERMINATION if signal.getsignal(s) is _stop_at_once]
+    if not signums:
         yield lambda: False
         return
     held = []
-    # (SIGTERM and SIGHUP too where they stop at once: :func:`stop_at_once_on_termination`)
-    signums = [signal.SIGINT] + [s for s in _TERMINATION if signal.getsignal(s) is _stop_at_once]
     previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in signums}
     try:
         yield lambda: bool(held)

@@ -71,10 +71,10 @@ def main(argv=None) -> int:
         stop_at_once_on_termination()  # until the run's own handlers: "interrupted", not a silent exit 143
     try:
         import_held("numpy")  # (parallel.context's first import below)
-    except KeyboardInterrupt:
+        from .parallel.context import is_msrun_scheduler, serve_as_scheduler
+    except KeyboardInterrupt as exc:  # (SIGTERM/SIGHUP held as Ctrl-C is: 143/129)
         say("interrupted")
-        return 130
-    from .parallel.context import is_msrun_scheduler, serve_as_scheduler
+        return 128 + getattr(exc, "signum", signal.SIGINT)
 
     if is_msrun_scheduler():  # msrun runs this command line once more as its scheduler process
         serve_as_scheduler()

@@ -78,6 +78,19 @@ def test_fused_dense_of_an_empty_batch_is_empty_like_dense():
         fused_mlp([4, 8, 2], "tanh", inits=[(None, None)])  # (an IndexError)
 
 
+def test_an_exported_fused_mlp_runs_every_batch_size(tmp_path):
+    """A check for an empty batch in construct became a runtime Switch under export's dynamic batch: the loaded
+    graph ran its first batch size and failed on the second ("The actor already exists")."""
+    import mindspore as ms
+
+    net = fused_mlp([5, 8, 3], "tanh", align=4)
+    ms.export(net, Tensor(shape=[None, 5], dtype=ms.float32), file_name=str(tmp_path / "mlp"), file_format="MINDIR")
+    graph = nn.GraphCell(ms.load(str(tmp_path / "mlp.mindir")))
+    for batch in (4, 4, 1, 7):
+        x = Tensor(np.random.default_rng(batch).normal(size=(batch, 5)).astype(np.float32))
+        np.testing.assert_allclose(graph(x).asnumpy(), net(x).asnumpy(), rtol=1e-6, atol=1e-6)
+
+
 def test_fused_dense_load_logical_is_seen_by_compiled_graphs():
     fd = FusedDense(3, 5, "relu", 8)
 

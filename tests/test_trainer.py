@@ -631,8 +631,8 @@ def test_a_trainer_refused_after_its_envs_were_built_closes_them(monkeypatch):
         PPOTrainer(small_config(ppo={"n_steps": 10**12, "batch_size": 64}))
     assert len(closed) == 1
     with pytest.raises(ConfigError, match=r"^sac\.buffer_size: "):
-        make_trainer({"algo": "sac", "env": {"id": "Pendulum-v1", "num_envs": 1},
-                      "sac": {"buffer_size": 2**31 - 1}})  # (~80 GB of replay)
+        make_trainer({"algo": "sac", "env": {"id": "Pendulum-v1", "num_envs": 1}, "sandbox": {"memory_limit": "4GB"},
+                      "sac": {"buffer_size": 2**30}})  # (~38 GB of replay: beyond the limit on any machine)
     assert len(closed) == 2
 
 

@@ -22,6 +22,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from ..errors import short_repr
+
 ACTION_KINDS = ("discrete", "box", "multidiscrete", "multibinary")
 
 
@@ -50,11 +52,12 @@ class SpaceSpec:
         if kind not in ACTION_KINDS:
             raise ValueError(f"action_kind: {kind!r} is not one of {', '.join(ACTION_KINDS)}")
         if bool(self.discrete) != (kind == "discrete"):  # (multidiscrete with discrete=True failed in a Concat)
-            raise ValueError(f"discrete: {self.discrete!r} contradicts action_kind {kind!r} (True for 'discrete' only)")
+            raise ValueError(f"discrete: {short_repr(self.discrete)} contradicts action_kind {kind!r} (True for "
+                             "'discrete' only)")
         for name in ("obs_dim", "action_dim"):  # (0: MindSpore's initializer failed with a traceback)
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+                raise ValueError(f"{name}: must be an integer >= 1, got {short_repr(value)}")
         object.__setattr__(self, "action_kind", kind)
         if kind == "multidiscrete" and (not self.nvec or len(self.nvec) != self.action_dim):
             raise ValueError("action_kind multidiscrete needs nvec with action_dim entries")
@@ -62,9 +65,10 @@ class SpaceSpec:
             for name in ("low", "high"):
                 bound = getattr(self, name)
                 if bound is None or len(bound) != self.action_dim or not all(math.isfinite(x) for x in bound):
-                    raise ValueError(f"{name}: a Box action needs {self.action_dim} finite bounds, got {bound!r}")
+                    raise ValueError(f"{name}: a Box action needs {self.action_dim} finite bounds, got "
+                                     f"{short_repr(bound)}")
             if any(lo > hi for lo, hi in zip(self.low, self.high)):
-                raise ValueError(f"low: {self.low!r} is above high {self.high!r}")
+                raise ValueError(f"low: {short_repr(self.low)} is above high {short_repr(self.high)}")
 
     @property
     def image(self) -> bool:

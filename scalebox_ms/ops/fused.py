@@ -147,10 +147,16 @@ class FusedDense(nn.Cell):
                 f"align={self.align}, storage={self.out_storage}x{self.in_storage}")
 
     # ------------------------------------------------------------------ graph
+    def __call__(self, x):
+        # (a direct call with an empty batch: an empty output, as nn.Dense gives; the padding kernel refused it. Not
+        # in construct: under an exported graph's dynamic batch that check became a runtime Switch, and the loaded
+        # graph failed on its second batch size)
+        if 0 in tuple(x.shape)[:-1]:
+            return ops.zeros(tuple(x.shape)[:-1] + (self.out_features,), x.dtype)
+        return super().__call__(x)
+
     def construct(self, x):
         shape = x.shape
-        if 0 in shape[:-1]:  # (static: an empty batch, as nn.Dense returns it; the padding kernel refused it)
-            return ops.zeros(shape[:-1] + (self.out_features,), x.dtype)
         if len(shape) != 2:
             x = x.reshape(-1, shape[-1])
         if self.pad_input:
