@@ -74,11 +74,14 @@ def test_isolated_env_matches_gymnasium_sync_vector_env_without_faults():
         oa, _ = a.reset(seed=5)
         ob, _ = b.reset(seed=5)
         np.testing.assert_array_equal(oa, ob)
-        for _ in range(5):
-            act = np.array([0, 1])
+        ends = 0
+        for _ in range(60):  # several episodes: the autoresets go on with the envs' own RNG, as gymnasium's do (a
+            act = np.array([0, 1])  # seed drawn for every autoreset made ale-py's EpisodicLife restart the game)
             ra, rb = a.step(act), b.step(act)
             np.testing.assert_allclose(ra[0], rb[0], rtol=1e-6)
             assert (ra[2] == rb[2]).all() and (ra[3] == rb[3]).all()
+            ends += int(ra[2].sum() + ra[3].sum())
+        assert ends >= 4
     finally:
         a.close(), b.close()
 

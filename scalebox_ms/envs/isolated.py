@@ -169,6 +169,7 @@ class IsolatedVectorEnv:
         self.action_space = batch_space(act_space, self.num_envs)
         self._last_obs = [None] * self.num_envs
         self._needs_reset = np.zeros(self.num_envs, bool)
+        self._fresh = np.ones(self.num_envs, bool)  # a worker whose env was never reset: its autoreset is seeded
         self._failed_steps = np.zeros(self.num_envs, int)  # failed steps in a row (each in a fresh worker)
         self._reseed = np.random.default_rng(0)  # seeds of autoresets; re-derived from reset(seed)
 
@@ -181,7 +182,7 @@ class IsolatedVectorEnv:
         self.events.append(event)
         log.warning("isolated env %d (%s): %s -> worker restarted, episode truncated", i, failure.kind, event["detail"])
         self._workers[i] = self._start()
-        self._needs_reset[i] = True
+        self._needs_reset[i] = self._fresh[i] = True
 
     MAX_RESET_ATTEMPTS = 3  # (and failed steps in a row, each in a fresh worker)
 
@@ -191,18 +192,21 @@ class IsolatedVectorEnv:
         if self._failed_steps[i] >= self.MAX_RESET_ATTEMPTS:
             failing.append(i)
 
-    def _reset_worker(self, i: int, seed, infos: Optional[dict] = None):
+    def _reset_worker(self, i: int, seed, infos: Optional[dict] = None, fresh_seed=None):
         """Reset sub-env i, replacing its worker up to MAX_RESET_ATTEMPTS times; None if it never succeeds. The
-        reset's info goes into ``infos`` (gymnasium's vector layout)."""
+        reset's info goes into ``infos`` (gymnasium's vector layout). A replaced worker's env is reset with
+        ``fresh_seed`` (when given) instead of ``seed``."""
         for _ in range(self.MAX_RESET_ATTEMPTS):
             try:
                 self._workers[i].start(self.start_timeout)
                 o, info = self._workers[i].call("reset", seed, self.step_timeout)
                 if infos is not None and info:
                     self._add_info(infos, info, i)
+                self._fresh[i] = False
                 return o
             except WorkerFailure as failure:
                 self._replace(i, failure)
+                seed = seed if fresh_seed is None else fresh_seed
         return None
 
     def _give_up(self, broken: List[int], what: str = "reset") -> None:
@@ -246,7 +250,11 @@ class IsolatedVectorEnv:
         infos: dict = {}  # the sub-envs' infos, batched as gymnasium's vector envs do ("key" + "_key" mask)
         for i, w in enumerate(self._workers):
             if self._needs_reset[i]:  # NEXT_STEP autoreset (after an episode end or a restart)
-                o = self._reset_worker(i, int(self._reseed.integers(2**31)), infos)
+                # after an episode end without a seed, as gymnasium's vector envs: the env's own RNG goes on (a seed
+                # on every autoreset made ale-py's EpisodicLife start a new game at each lost life); a restarted
+                # worker's new env from the seed stream (drawn either way: the stream stays the same)
+                draw = int(self._reseed.integers(2**31))
+                o = self._reset_worker(i, draw if self._fresh[i] else None, infos, fresh_seed=draw)
                 if o is None:  # keep collecting the other workers' replies; give up after the loop
                     broken.append(i)
                     obs[i] = self._last_obs[i]
