@@ -98,7 +98,7 @@ def test_a_callback_changing_the_learning_rate_mid_learn_is_checked_before_the_n
     cfg = ppo if algo == "ppo" else Config.from_dict({
         "algo": "sac", "env": {"id": "Pendulum-v1", "num_envs": 1}, "policy": {"pi_layers": [8], "vf_layers": [8]},
         "sac": {"batch_size": 8, "learning_starts": 50, "buffer_size": 1000, "train_freq": 50},
-        "run": {"seed": 0, "total_steps": 1000, "progress": False}})
+        "run": {"seed": 0, "total_steps": 2000, "progress": False}})
 
     class SetRate(Callback):
         def __init__(self, value):
@@ -126,6 +126,67 @@ def test_a_callback_changing_the_learning_rate_mid_learn_is_checked_before_the_n
         with pytest.raises(ConfigError, match=rf"^learn: trainer\.config: {algo}\.learning_rate: "):
             t.learn(until=6 * step, callbacks=[SetAtStart()])
         assert t.global_step == 4 * step  # (before the first iteration)
+        t.config.algo_config.learning_rate = 5e-4
+
+        class SetKey(Callback):  # (a key the trainer does not follow: SAC's batch_size was read by the next phase)
+            def __init__(self, section, key, value):
+                self.section, self.key, self.value = section, key, value
+
+            def on_iteration_end(self, trainer, metrics):
+                setattr(getattr(trainer.config, self.section), self.key, self.value)
+
+        with pytest.raises(ConfigError, match=rf"^learn: trainer\.config was changed .*\({algo}\.batch_size="):
+            t.learn(until=6 * step, callbacks=[SetKey(algo, "batch_size", 16)])
+        assert t.global_step == 5 * step
+        t.config.algo_config.batch_size = cfg.algo_config.batch_size
+        with pytest.raises(ConfigError, match=r"^learn: trainer\.config: run\.total_steps: must be >= 1"):
+            t.learn(until=7 * step, callbacks=[SetKey("run", "total_steps", 0)])  # (DQN: a ZeroDivisionError)
+        assert t.global_step == 6 * step
+    finally:
+        t.close()
+
+
+def test_a_refused_learn_call_leaves_the_horizon_and_a_close_at_the_start_trains_nothing():
+    """learn(total_steps=..., until=-1) was refused after it had moved run.total_steps (the schedules' horizon); a
+    callback closing the trainer in on_training_start still ran an iteration on the closed envs."""
+    from scalebox_ms.trainers import Callback
+
+    t = PPOTrainer(small_config(run={"total_steps": 1024}))
+    try:
+        with pytest.raises(ConfigError, match="until: must be >= 0"):
+            t.learn(total_steps=100_000, until=-1)
+        assert t.config.run.total_steps == 1024
+
+        class CloseAtStart(Callback):
+            def on_training_start(self, trainer):
+                trainer.close()
+
+        t.learn(callbacks=[CloseAtStart()])
+        assert t.global_step == 0
+    finally:
+        t.close()
+
+
+def test_stochastic_predict_checks_a_changed_config_as_learn_does():
+    """TD3's action noise changed after the build was used by predict(deterministic=False), unchecked ('abc': a
+    numpy ValueError); learn refused it only later."""
+    import numpy as np
+
+    from scalebox_ms import Config
+
+    t = make_trainer(Config.from_dict({
+        "algo": "td3", "env": {"id": "Pendulum-v1", "num_envs": 1}, "policy": {"pi_layers": [8], "vf_layers": [8]},
+        "td3": {"batch_size": 8, "learning_starts": 50, "buffer_size": 1000}, "run": {"total_steps": 1000}}))
+    try:
+        obs = np.zeros(3, np.float32)
+        t.predict(obs, deterministic=False, rng=0)
+        t.config.td3.action_noise = 5.0
+        with pytest.raises(ConfigError, match=r"^predict: trainer\.config was changed .*td3\.action_noise"):
+            t.predict(obs, deterministic=False, rng=0)
+        t.predict(obs)  # (the deterministic action reads no such key)
+        t.config.td3.action_noise = None
+        t.config.td3.learning_rate = 5e-4  # (a live key: checked, allowed)
+        t.predict(obs, deterministic=False, rng=0)
     finally:
         t.close()
 

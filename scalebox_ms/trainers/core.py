@@ -172,16 +172,18 @@ class Trainer:
                 setattr(getattr(self.config, section), name, getattr(getattr(checked, section), name))
 
     def _check_horizon(self, total_steps: Optional[int], until: Optional[int]) -> int:
-        """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at."""
+        """Apply ``learn(total_steps)`` to this trainer's config; returns the step to stop at. Both are checked
+        before the config changes (a call refused for its ``until`` had moved the schedules' horizon)."""
         if total_steps is not None:
             total_steps = _whole("total_steps", total_steps)
             if total_steps < 1:
                 raise ConfigError(f"total_steps: must be >= 1, got {total_steps}")
-            self.config.run.total_steps = total_steps
-        horizon = self.config.run.total_steps
         until = None if until is None else _whole("until", until)
         if until is not None and until < 0:
             raise ConfigError(f"until: must be >= 0 (0: only the envs' first reset), got {until}")
+        if total_steps is not None:
+            self.config.run.total_steps = total_steps
+        horizon = self.config.run.total_steps
         return horizon if until is None else min(int(until), horizon)
 
     def _start_learning(self, total_steps: Optional[int], until: Optional[int], callbacks) -> tuple:
@@ -205,13 +207,17 @@ class Trainer:
             callbacks.append(EvalCallback.from_config(self.config, log=self.log.info))
         for cb in callbacks:
             cb.on_training_start(self)
+        if self._closed:  # (a callback closed it: no iteration on envs that are gone)
+            return self.global_step, callbacks
         self._check_live()  # (a callback's on_training_start may set them too)
         return stop_at, callbacks
 
     def _end_iteration(self, callbacks, metrics: dict) -> bool:
-        """After an iteration of ``learn``: the memory limit, then the callbacks; True: stop. A key of
-        :data:`LIVE_KEYS` a callback changed is checked before the next iteration reads it (a negative learning rate
-        set mid-learn trained by gradient ascent to the end)."""
+        """After an iteration of ``learn``: the memory limit, then the callbacks; True: stop. A key a callback
+        changed is checked before the next iteration reads it: a key of :data:`LIVE_KEYS` as a file's (a negative
+        learning rate set mid-learn trained by gradient ascent to the end), any other of the algorithm's section or
+        ``run.total_steps`` refused (the off-policy trainers read batch_size, learning_starts, exploration and
+        action noise as they go: a change trained on unchecked until save refused it)."""
         if hasattr(self.sandbox, "check_memory"):
             self.sandbox.check_memory()
         stop = False
@@ -223,16 +229,15 @@ class Trainer:
         self._check_live()
         return False
 
-    def _check_live(self) -> None:
-        """The keys of :data:`LIVE_KEYS` checked as a file's if a callback changed one since the last check (cheap:
-        their reprs compared; the whole check only then)."""
-        if self._live_values() != self._live:
-            self._refuse_if_config_changed("learn")
+    def _check_live(self, what: str = "learn") -> None:
+        """The whole config check (:meth:`_refuse_if_config_changed`) if the algorithm's section or
+        ``run.total_steps`` changed since the last check (cheap: their reprs compared)."""
+        if self._live_values() != getattr(self, "_live", None):
+            self._refuse_if_config_changed(what)
             self._live = self._live_values()
 
     def _live_values(self) -> list:
-        sections = (getattr(self.config, key.split(".")[0], None) for key in LIVE_KEYS)
-        return [repr(getattr(sec, key.split(".")[1], None)) for sec, key in zip(sections, LIVE_KEYS)]
+        return [self.config.algo, repr(self.config.algo_config), repr(self.config.run.total_steps)]
 
     # ------------------------------------------------------------------ inference
     def predict(self, obs, deterministic: bool = True, rng: Optional[np.random.Generator] = None) -> np.ndarray:
@@ -260,7 +265,8 @@ class Trainer:
         batch = self.collector.normalize_obs(encoded, update=False)
         if deterministic:
             actions = self._act_deterministic(batch)
-        else:
+        else:  # (reads exploration / action noise from the config: checked as learn checks it)
+            self._check_live("predict")
             actions = self._act_stochastic(batch, self._predict_rng if rng is None else rng)
         return actions[0] if single else actions
 
