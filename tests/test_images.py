@@ -444,6 +444,7 @@ def test_legacy_atari_ids_are_recognised_and_preprocessed_without_sticky_actions
 
     assert is_atari("BreakoutNoFrameskip-v4") and is_atari("Pong-v4") and is_atari("ale_py:Breakout-v4")
     assert not is_atari("CartPole-v1") and not is_atari("NoSuchEnv-v3") and not is_atari("my_envs:Breakout-v4")
+    assert not is_atari("my_envs:ALE/Foo-v0") and is_atari("ale_py:ALE/Breakout-v5")  # (a user's own ALE/ name)
     env = make_vec_env("BreakoutNoFrameskip-v4", 1, preprocess="auto")
     try:
         assert env.single_observation_space.shape == (4, 84, 84)

@@ -34,10 +34,10 @@ def is_atari(env_id: str) -> bool:
     when imported (``BreakoutNoFrameskip-v4``, ``Breakout-v4``: gymnasium's registry names ale-py as their entry
     point). ale-py is imported only for an id gymnasium does not know yet, so other envs never pay for it."""
     module, _, name = env_id.rpartition(":")
+    if module not in ("", "ale_py"):  # a user's module registers the env: not ale-py's (an ALE/ name of its own too)
+        return False
     if name.startswith("ALE/"):
         return True
-    if module not in ("", "ale_py"):  # a user's module registers the env: not ale-py's
-        return False
     import gymnasium as gym
 
     spec = gym.registry.get(name)
