@@ -262,6 +262,16 @@ def test_atari_preprocesses_like_the_gymnasium_pipeline_and_reports_whole_games(
         assert games >= 4 and life_ends >= 4 * games  # Breakout: 5 lives per game
         with pytest.raises(ConfigError, match="env.kwargs.noop_max: EnvPool's Atari preprocessing is fixed"):
             make_vec_env("ALE/Breakout-v5", 1, {"noop_max": 0}, backend="envpool", preprocess="auto")
+        # sticky actions, an ale-py option gymnasium's evaluation env takes too: set on both (it was refused)
+        sticky = make_vec_env("ALE/Breakout-v5", 1, {"repeat_action_probability": 0.0}, backend="envpool",
+                              preprocess="auto")
+        try:
+            assert sticky._options["repeat_action_probability"] == 0.0
+        finally:
+            sticky.close()
+        with pytest.raises(ConfigError, match=r"env.kwargs.repeat_action_probability: must be a number in \[0, 1\]"):
+            make_vec_env("ALE/Breakout-v5", 1, {"repeat_action_probability": 2.0}, backend="envpool",
+                         preprocess="auto")
     finally:
         ep.close()
         gym_env.close()

@@ -49,6 +49,8 @@ def _envpool():
 ATARI_TRAINING = {"noop_max": 30, "frame_skip": 4, "img_height": 84, "img_width": 84, "gray_scale": True,
                   "use_inter_area_resize": True, "episodic_life": True, "reward_clip": True, "stack_num": 4,
                   "use_fire_reset": True, "repeat_action_probability": 0.25, "max_episode_steps": 27_000}
+#: the keys of :data:`ATARI_TRAINING` env.kwargs may set: ale-py's own options, the same on both backends
+ATARI_OPTIONS = ("repeat_action_probability",)
 
 #: EnvPool's pool settings (``envpool.make``), not env options: scalebox_ms sets the pool (num_envs = env.num_envs,
 #: batch_size = num_envs: synchronous; the task from env.id); given in env.kwargs they changed what was trained
@@ -117,10 +119,16 @@ class EnvPoolVectorEnv:
         if pool:  # (batch_size < num_envs made EnvPool asynchronous: steps of a part of the envs, a shape error later)
             raise ConfigError(f"env.kwargs.{pool[0]}: an EnvPool pool setting, not an env option; scalebox_ms sets "
                               "the pool itself (num_envs: env.num_envs, synchronous, the task: env.id)")
-        clash = sorted(set(self.kwargs) & set(ATARI_TRAINING)) if self.atari else []
-        if clash:  # evaluation passes env.kwargs to gymnasium's ALE env, which has no such options
+        # (sticky actions are an option of gymnasium's ALE env too, which evaluates: both take env.kwargs' value;
+        # it was refused, so EnvPool could not train without them, rl-zoo3's NoFrameskip setting)
+        clash = sorted(set(self.kwargs) & set(ATARI_TRAINING) - set(ATARI_OPTIONS)) if self.atari else []
+        if clash:  # evaluation passes env.kwargs to gymnasium's pipeline, whose preprocessing has no such options
             raise ConfigError(f"env.kwargs.{clash[0]}: EnvPool's Atari preprocessing is fixed to the gymnasium "
                               "pipeline's settings (evaluation runs gymnasium's env with the same env.kwargs)")
+        if ale:
+            from .atari import check_kwargs
+
+            check_kwargs(self.kwargs)
         self._options = {**(ATARI_TRAINING if self.atari else {}), **self.kwargs}
         if self._options.get("max_episode_steps") == -1:  # (gymnasium's "no TimeLimit"; EnvPool cut every 2nd step)
             self._options["max_episode_steps"] = INT32_SEEDS - 1
