@@ -173,3 +173,43 @@ def test_compiled_rollout_equals_the_step_by_step_loop(env_id, extra, act_kernel
     np.testing.assert_array_equal(s1, s2)
     assert repr(rows1) == repr(rows2)  # repr: nan (no episode finished yet) equals nan
     assert h1 == h2
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_compiled_runs_count_each_returned_observation_once_in_the_statistics(algo, monkeypatch):
+    """With env.normalize_obs a compiled rollout (PPO) or training phase (DQN) updated the statistics with the
+    observations its steps acted on: its first one, already counted at the reset (or as the previous run's last),
+    twice, and its last one never. Now they get what the steps returned, as the step loop does: the reset batch, then
+    per run T x N rows that end with the observation the next run starts from."""
+    from conftest import small_config
+    from scalebox_ms import Config
+    from scalebox_ms.trainers import Callback, checkpoint, make_trainer
+
+    monkeypatch.setattr(checkpoint, "OFFPOLICY_ITERATION_STEPS", 8)  # (DQN: one phase of 4 steps x 2 envs each)
+    if algo == "ppo":
+        cfg = small_config(env={"id": "CartPole-v1", "backend": "native", "num_envs": 2, "normalize_obs": True},
+                           ppo={"n_steps": 4, "batch_size": 8})
+    else:
+        cfg = Config.from_dict({"algo": "dqn", "env": {"id": "CartPole-v1", "backend": "native", "num_envs": 2,
+                                                       "normalize_obs": True},
+                                "policy": {"pi_layers": [8], "vf_layers": [8]},
+                                "dqn": {"train_freq": 4, "gradient_steps": 1, "learning_starts": 0, "batch_size": 4,
+                                        "buffer_size": 100}, "run": {"total_steps": 1000}})
+    tr = make_trainer(cfg)
+    rms = tr.collector.obs_normalizer.rms
+    batches, starts = [], []
+    update = rms.update
+    rms.update = lambda rows: (batches.append(np.array(rows)), update(rows))[1]
+
+    class Start(Callback):  # (the observation the next run starts from: the collector's, raw)
+        def on_iteration_end(self, trainer, metrics):
+            starts.append(np.array(trainer.collector.raw_obs))
+
+    try:
+        tr.learn(until=24, callbacks=[Start()])
+    finally:
+        tr.close()
+    assert [b.shape[0] for b in batches] == [2, 8, 8, 8]  # the reset's 2 rows, then 4 steps x 2 envs per run
+    for k in range(1, 4):
+        np.testing.assert_array_equal(batches[k][-2:], starts[k - 1])  # ends with the next run's start ...
+        assert not np.array_equal(batches[k][:2], batches[k - 1][-2:])  # ... which that run does not count again

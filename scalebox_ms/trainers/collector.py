@@ -323,8 +323,9 @@ class RolloutCollector:
         storage.terminated[:] = terminated
         storage.truncated[:] = truncated
         storage.valid[:] = valid_all
-        if self.obs_normalizer is not None:
-            self.obs_normalizer.rms.update(obs_raw.reshape(-1, self.spec.obs_dim))
+        if self.obs_normalizer is not None:  # the observations the T steps returned, each once, as the step loop
+            self.obs_normalizer.rms.update(returned_observations(obs_raw, last_raw, self.spec.obs_dim))
+        self.raw_obs = last_raw
         self.obs = self.normalize_obs(last_raw, update=False)
         self.valid = ~(terminated[-1] | truncated[-1])
         return t_graph, 0.0, last_value
@@ -346,3 +347,12 @@ class RolloutCollector:
 
     def close(self) -> None:
         close_env(self.env, self.env_id)
+
+
+def returned_observations(obs_raw: np.ndarray, last_raw: np.ndarray, obs_dim: int) -> np.ndarray:
+    """The raw observations a compiled run of T steps got back from its envs, ((T x N), obs_dim): those of steps
+    1 .. T-1 (``obs_raw[t]`` is the observation step t acted on) and the last one. The statistics count each
+    observation once, as the step loop does: ``obs_raw`` itself counted the run's first observation twice (the reset's
+    or the previous run's last, counted there) and never the last."""
+    return np.concatenate([obs_raw[1:].reshape(-1, obs_dim), np.asarray(last_raw).reshape(-1, obs_dim)])
+

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor
 
+from .collector import returned_observations
+
 
 def native_phase(trainer):
     """One training phase on a native env: ``train_freq`` vector steps (observe, act, env step, stage) and the
@@ -48,8 +50,8 @@ def native_phase(trainer):
     valid = valid.astype(bool)
     for t in range(T):
         c._account_step(rewards[t], (terminated[t] > 0) | (truncated[t] > 0), valid[t])
-    if c.obs_normalizer is not None:
-        c.obs_normalizer.rms.update(raw_obs.reshape(-1, trainer.spec.obs_dim))
+    if c.obs_normalizer is not None:  # (each observation the phase's steps returned, once)
+        c.obs_normalizer.rms.update(returned_observations(raw_obs, last_raw, trainer.spec.obs_dim))
     c.raw_obs = last_raw
     c.obs = c.normalize_obs(last_raw, update=False)
     c.valid = ~((terminated[-1] > 0) | (truncated[-1] > 0))
