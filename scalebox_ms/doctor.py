@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -328,8 +327,18 @@ def gpu_checks() -> List[Dict[str, str]]:
     return [_check("cuda", "ok", f"CUDA {cuda} (driver's nvidia-smi)")]
 
 
+def _python_check(version: tuple) -> Dict:
+    """Python 3.11: what the package installs on (pyproject's requires-python) and is tested with; another version
+    (a source checkout on PYTHONPATH) is a warning."""
+    text = ".".join(str(v) for v in version[:3])
+    if tuple(version[:2]) == (3, 11):
+        return _check("python", "ok", text)
+    return _check("python", "warn", f"{text}: scalebox_ms is tested with Python 3.11 only (mindspore 2.10.0 and "
+                                    "envpool 1.2.x wheels; pyproject.toml's requires-python)")
+
+
 def diagnose(workers: int = 0) -> Dict:
-    checks = [_check("python", "ok", platform.python_version())]
+    checks = [_python_check(sys.version_info)]
     ms_version = _version("mindspore")
     if ms_version is None:
         checks.append(_check("mindspore", "fail", "not installed: pip install mindspore==2.10.0"))

@@ -50,6 +50,14 @@ def test_numpy_2_with_mindspore_2_10_is_a_failure():
     assert numpy_check("2.1.3", "2.11.0")["status"] == "ok"
 
 
+def test_a_python_other_than_3_11_is_a_warning():
+    """pyproject accepted 3.9, where mindspore 2.10.0 has no wheel; doctor called any version ok."""
+    from scalebox_ms.doctor import _python_check
+
+    assert _python_check((3, 11, 7, "final", 0)) == {"name": "python", "status": "ok", "detail": "3.11.7"}
+    assert _python_check((3, 10, 14))["status"] == "warn" and "Python 3.11 only" in _python_check((3, 10, 14))["detail"]
+
+
 def test_cann_version_is_checked_against_mindspores_supported_list():
     supported = supported_cann_versions()
     assert supported, "MindSpore 2.10 carries its supported CANN versions"
