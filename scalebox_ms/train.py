@@ -22,9 +22,10 @@ reaches the bar (``"status": "solved"``).
 Ctrl-C (SIGINT), SIGTERM or SIGHUP stops at the end of the current iteration with a checkpoint and summary.json
 (``"status": "interrupted"``), exit code 130, 143 or 129; a second one aborts at once. Before the run's handlers
 are in place (while it starts up) each stops train at once, as Ctrl-C does: ``interrupted``, the same exit codes.
-With ``--workers`` the launcher sends the signal on to the ranks, which stop together at the end of an iteration, the same way; while they
-still start up (before their step-0 checkpoint), or on a second signal, it stops the whole msrun job at once (no
-summary; ``--resume`` continues from the latest checkpoint; a fresh run that trained nothing leaves no directory).
+With ``--workers`` the launcher sends the signal on to the ranks, which stop together at the end of an iteration,
+the same way; while they still start up (before their step-0 checkpoint), or on a second signal, it stops the whole
+msrun job at once (no summary; ``--resume`` continues from the latest checkpoint; a fresh run that trained nothing
+leaves no directory).
 """
 from __future__ import annotations
 
