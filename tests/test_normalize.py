@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from scalebox_ms.envs import ObsNormalizer, RewardScaler, RunningMeanStd
 
@@ -58,3 +59,16 @@ def test_reward_scaler_divides_by_return_std_and_skips_autoreset_steps():
         var = np.var(np.asarray(seen))
         np.testing.assert_allclose(out, r / np.sqrt(var + 1e-8), rtol=1e-3)
         ref_returns[d] = 0.0
+
+
+def test_a_reward_whose_return_variance_overflows_stops_with_a_training_error():
+    """A finite reward of 1e200 made the return's float64 variance inf: every later scaled reward was 0, silently."""
+    from scalebox_ms.errors import TrainingError
+
+    s = RewardScaler(2, gamma=0.99)
+    ones, none = np.ones(2, bool), np.zeros(2, bool)
+    s(np.array([1.0, 2.0]), none, ones)
+    s(np.array([1e150, 1.0]), none, ones)  # (large, but its square still fits float64)
+    with pytest.raises(TrainingError, match=r"^env\.normalize_reward: the discounted return's variance overflowed "
+                                            r"float64 \(a reward of 1e\+200 in this step\)"):
+        s(np.array([1e200, 1.0]), none, ones)

@@ -121,7 +121,14 @@ class RewardScaler:
         """Scale one vector step; ``valid`` False marks autoreset steps, which neither update nor count."""
         self.returns = np.where(valid, self.returns * self.gamma + rewards, self.returns)
         if valid.any() or self.rms.reduce is not None:  # data parallel: every rank joins the collective, even empty
-            self.rms.update(self.returns[valid])
+            with np.errstate(over="ignore", invalid="ignore"):  # (an overflow is the error below, not a warning)
+                self.rms.update(self.returns[valid])
+        if not np.isfinite(self.rms.var).all():  # (a reward of ~1e155 squares beyond float64: every later scaled
+            from ..errors import TrainingError  # reward was 0, silently)
+
+            big = float(np.max(np.abs(rewards)))
+            raise TrainingError(f"env.normalize_reward: the discounted return's variance overflowed float64 (a reward "
+                                f"of {big:.3g} in this step); the run stops before the update sees it")
         scaled = np.clip(rewards / np.sqrt(self.rms.var + self.epsilon), -self.clip, self.clip)
         self.returns[dones] = 0.0
         return scaled.astype(np.float32)

@@ -178,7 +178,8 @@ class RolloutCollector:
     def _check_finite(self, raw_obs, reward, step: int) -> None:
         big = float(np.finfo(np.float32).max)  # (a reward beyond it is inf once cast to float32 for the update)
         for what, value in (("observation", raw_obs), ("reward", reward)):
-            ranged = what == "reward" and self.reward_scaler is None  # (scaled in float64 first: it fits then)
+            ranged = what == "reward" and self.reward_scaler is None  # (scaled in float64 first; RewardScaler stops
+            # the run where its return variance overflows float64)
             if value is None or (np.isfinite(value).all() and (not ranged or (np.abs(value) <= big).all())):
                 continue  # (the common case: no copy)
             arr = np.asarray(value, np.float64).reshape(self.num_envs, -1)
