@@ -191,6 +191,26 @@ def test_multidiscrete_and_bernoulli_maths_match_numpy():
     np.testing.assert_allclose(D.bernoulli_entropy(lt).asnumpy(), want_bh, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["discrete", "box", "multidiscrete", "multibinary"])
+def test_deterministic_step_takes_one_unbatched_observation_of_every_action_kind(kind):
+    """A 1-D observation gives the action of its row in a batch; MultiDiscrete's mode indexed [:, s:e] (IndexError)."""
+    import mindspore as ms
+
+    from scalebox_ms.envs.spaces import SpaceSpec
+    from scalebox_ms.models.actor_critic import ActorCritic, DeterministicStep
+
+    spec = {"discrete": SpaceSpec(4, True, 3), "box": SpaceSpec(4, False, 2, low=(-1, -2), high=(1, 2)),
+            "multidiscrete": SpaceSpec(4, False, 2, action_kind="multidiscrete", nvec=(3, 4)),
+            "multibinary": SpaceSpec(4, False, 3, action_kind="multibinary")}[kind]
+    step = DeterministicStep(ActorCritic(spec))
+    batch = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32) * 3
+    rows = step(ms.Tensor(batch)).asnumpy()
+    for i in range(5):
+        one = step(ms.Tensor(batch[i])).asnumpy()
+        assert one.shape == rows.shape[1:]
+        np.testing.assert_allclose(one, rows[i], rtol=1e-5, atol=1e-6)  # (Box: matmul of 1 vs 5 rows)
+
+
 def test_samples_follow_the_distributions():
     import mindspore as ms
 

@@ -50,9 +50,9 @@ def gaussian_sample(mean, log_std, normal_noise):
 
 # -- MultiDiscrete: independent Categoricals over column segments of one logits row ---------------------------
 def _as_columns(columns):
-    """(B,) tensors -> (B, len(columns)). Not ``ops.stack``: in an exported MindIR with a dynamic batch, Stack keeps
-    the batch size of the first call (later calls got that many rows, cut or garbage)."""
-    return ops.concat([ops.expand_dims(c, 1) for c in columns], 1)
+    """(B,) tensors -> (B, len(columns)) (scalars -> (len(columns),)). Not ``ops.stack``: in an exported MindIR with a
+    dynamic batch, Stack keeps the batch size of the first call (later calls got that many rows, cut or garbage)."""
+    return ops.concat([ops.expand_dims(c, -1) for c in columns], -1)
 
 
 def multi_categorical_sample(logits, gumbel_noise, segments):
@@ -78,7 +78,9 @@ def multi_categorical_entropy(logits, segments):
 
 
 def multi_categorical_mode(logits, segments):
-    return _as_columns([ops.argmax(logits[:, s:e], -1).astype(ms.int32) for s, e in segments])
+    """The most likely action per component: (B, len(segments)) int32, or (len(segments),) for one unbatched row of
+    logits, as the other action kinds' modes accept it."""
+    return _as_columns([ops.argmax(logits[..., s:e], -1).astype(ms.int32) for s, e in segments])
 
 
 # -- MultiBinary: independent Bernoullis with logits l, p = sigmoid(l) ----------------------------------------
