@@ -112,6 +112,7 @@ def main(argv=None) -> int:
         cfg = None
         if not args.resume:
             overrides = list(args.overrides)
+            _refuse_shortcut_and_set(args)
             if args.seed is not None:
                 overrides.append(f"run.seed={args.seed}")
             if args.total_steps is not None:
@@ -201,6 +202,20 @@ def _refuse_images_before_msrun(cfg) -> None:
         close_env(env, e.id)
     if spec.cnn:
         raise images_in_one_process("parallel.workers", e.id)
+
+
+def _refuse_shortcut_and_set(args) -> None:
+    """``--seed 1 --set run.seed=2``: one of the two was silently ignored (the shortcut won)."""
+    from .errors import ConfigError
+
+    shortcuts = (("--seed", args.seed, "run.seed"), ("--total-steps", args.total_steps, "run.total_steps"),
+                 ("--workers", args.workers, "parallel.workers"))
+    for flag, value, key in shortcuts:
+        if value is None:
+            continue
+        for item in args.overrides:
+            if item.split("=", 1)[0].strip() == key:
+                raise ConfigError(f"{flag} {value} and --set {item}: both set {key}; give one of them")
 
 
 def _launch_workers(args, argv, cfg, workers: int):

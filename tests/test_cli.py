@@ -142,6 +142,8 @@ def test_resume_is_bit_identical_and_same_seed_reproduces(tmp_path):
     (["--seed", "abc"], "--seed"),
     (["--seed", str(2**32)], "run.seed"),
     (["--until", str(10**23)], "--until: expected a 64-bit integer"),  # (was refused after ckpt_0 was written)
+    (["--seed", "1", "--set", "run.seed=2"], "--seed 1 and --set run.seed=2: both set run.seed"),  # (the flag won)
+    (["--workers", "2", "--set", " parallel.workers=1"], "--workers 2 and --set  parallel.workers=1: both set"),
     (["--set", "env.kwargs={max_episode_steps: x}"],  # (8 envs: gymnasium's CartPoleVectorEnv; checked by one env)
      "cannot create 'CartPole-v1' with env.kwargs={'max_episode_steps': 'x'} (Expect the `max_episode_steps` to be "
      "an integer"),
