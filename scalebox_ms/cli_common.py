@@ -100,11 +100,25 @@ def import_mindspore() -> None:
 
     MindSpore's logging is set to errors only (``GLOG_v=3``) unless the environment sets it: its import and first
     context call otherwise print ~10 WARNING lines (the Ascend and GPU plugins it cannot load on a CPU machine,
-    deprecated arguments) before every command's own output."""
+    deprecated arguments) before every command's own output. An import that fails, or a ``sys.path`` entry that the
+    graph compiler cannot take (a non-ASCII directory under a non-UTF-8 locale), is a one-line ConfigError."""
     import os
 
+    from .errors import ConfigError, first_line, short_repr
+
     os.environ.setdefault("GLOG_v", "3")  # (read when MindSpore's logger starts: before the import)
-    import_held("mindspore")
+    try:
+        import_held("mindspore")
+    except Exception as exc:  # (a broken install, GLOG_v=abc, ...: doctor names more)
+        raise ConfigError(f"mindspore cannot be imported ({type(exc).__name__}: {first_line(exc)}); "
+                          "python -m scalebox_ms.doctor checks the installation") from None
+    for entry in sys.path:  # MindSpore's graph compiler takes sys.path as UTF-8 strings: every compile failed
+        try:
+            entry.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"sys.path entry {short_repr(entry)} (the current directory or PYTHONPATH) is not "
+                              "valid UTF-8 in this locale, which MindSpore's graph compiler cannot take: set a UTF-8 "
+                              "locale (LC_ALL=C.UTF-8) or run from another directory") from None
 
 
 def import_held(*modules: str) -> None:

@@ -11,6 +11,7 @@ from conftest import REPO, as_from_a_terminal, run_module
 
 TINY = ["--set", "env.num_envs=4", "--set", "ppo.n_steps=16", "--set", "ppo.batch_size=32",
         "--set", "ppo.n_epochs=2", "--set", "run.eval_episodes=3", "--no-progress"]
+from scalebox_ms.errors import ConfigError
 from scalebox_ms.trainers.run import TIMING_COLUMNS as TIMING
 
 
@@ -157,6 +158,30 @@ def test_bad_input_one_line_exit_2_and_no_run_dir(tmp_path, args, culprit):
     errors = [l for l in lines if l.startswith("error:")]  # (a trainer that was built logs its choices first)
     assert errors == lines[-1:] and culprit in errors[0] and "Traceback" not in r.stderr, r.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("tool, args", [("train", ["--run-dir", "run", "--no-progress"]),
+                                        ("evaluate", ["--mindir", "x.mindir"])])
+def test_a_mindspore_that_cannot_be_imported_is_one_line(tmp_path, monkeypatch, tool, args):
+    """MindSpore refuses a GLOG_v it cannot read at import (as a broken install raises): that was a traceback."""
+    monkeypatch.setenv("GLOG_v", "abc")
+    r = run_module(tool, *args)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("error: mindspore cannot be imported (ValueError: ") and r.stderr.count("\n") == 1
+    assert "python -m scalebox_ms.doctor checks the installation" in r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_sys_path_entry_the_graph_compiler_cannot_take_is_refused(monkeypatch):
+    """A non-ASCII current directory under a non-UTF-8 locale (LC_ALL=C with UTF-8 mode off) reaches sys.path as
+    surrogate escapes, which MindSpore's graph compiler cannot convert: every compile raised 'Unable to cast Python
+    instance of type str' (a traceback, and a run directory without its summary)."""
+    from scalebox_ms.cli_common import import_mindspore
+
+    monkeypatch.setattr(sys, "path", ["/tmp/d\udcc3\udca9"] + sys.path)
+    with pytest.raises(ConfigError, match=r"^sys.path entry '/tmp/d\\udcc3\\udca9' \(the current directory or "
+                                          r"PYTHONPATH\) is not valid UTF-8 in this locale"):
+        import_mindspore()
 
 
 @pytest.mark.parametrize("tool, args, words", [

@@ -125,6 +125,20 @@ def test_without_the_extra_the_error_names_it(monkeypatch):
         make_vec_env("CartPole-v1", 2, backend="envpool")
 
 
+def test_a_broken_envpool_install_is_named_in_one_line(monkeypatch, tmp_path):
+    """An envpool whose import raises something else than ImportError (a protobuf it was not built for) was a
+    traceback."""
+    from scalebox_ms.envs import make_vec_env
+
+    (tmp_path / "envpool").mkdir()
+    (tmp_path / "envpool" / "__init__.py").write_text('raise TypeError("Descriptors cannot be created directly.")\n')
+    monkeypatch.delitem(sys.modules, "envpool", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^env.backend: envpool is installed but its import fails \(TypeError: "
+                                          r"Descriptors cannot be created directly.\); reinstall it"):
+        make_vec_env("CartPole-v1", 2, backend="envpool")
+
+
 @pytest.mark.parametrize("sets, culprit", [
     ({"env": {"backend": "envpool"}, "sandbox": {"isolation_level": "process"}}, "sandbox.isolation_level"),
     ({"env": {"backend": "envpool", "preprocess": "atari"}}, "env.preprocess: atari needs an ale-py env id"),

@@ -437,6 +437,38 @@ def test_atari_preprocess_on_a_non_atari_env_is_one_line():
         make_vec_env("CartPole-v1", 1, preprocess="atari")
 
 
+@pytest.mark.parametrize("module, raised, words", [
+    ("cv2", None, r" \(opencv-python-headless is not installed\): pip install -e \"\.\[atari\]\""),
+    ("ale_py", None, r" \(ale-py is not installed\): pip install -e \"\.\[atari\]\""),
+    ("ale_py", "AttributeError('_ARRAY_API not found')",
+     r": ale-py is installed but its import fails \(AttributeError: _ARRAY_API not found\); reinstall it")])
+def test_a_missing_or_broken_atari_dependency_is_named_in_one_line(monkeypatch, tmp_path, module, raised, words):
+    """Without OpenCV, gymnasium's own message advised pip install "gymnasium[other]" (not the project's extra); an
+    ale-py whose import raised something else than ImportError was a traceback."""
+    from scalebox_ms.envs.atari import import_ale
+
+    if raised is None:
+        monkeypatch.setitem(sys.modules, module, None)  # import -> ImportError
+    else:
+        (tmp_path / module).mkdir()
+        (tmp_path / module / "__init__.py").write_text(f"raise {raised}\n")
+        monkeypatch.delitem(sys.modules, module, raising=False)
+        monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^env.id: Atari envs need ale-py and opencv" + words):
+        import_ale()
+
+
+def test_a_missing_mujoco_names_the_project_extra(monkeypatch):
+    """gymnasium's message alone advised pip install "gymnasium[mujoco]", not the extra the README names."""
+    def no_mujoco(*args, **kwargs):
+        raise gym.error.DependencyNotInstalled('MuJoCo is not installed, run `pip install "gymnasium[mujoco]"`')
+
+    monkeypatch.setattr(gym, "make_vec", no_mujoco)
+    with pytest.raises(ConfigError, match=r"^env.id: 'HalfCheetah-v5' needs an optional dependency \(MuJoCo is not "
+                                          r".*\); scalebox_ms's extra: pip install -e \"\.\[mujoco\]\"$"):
+        make_vec_env("HalfCheetah-v5", 1)
+
+
 def test_legacy_atari_ids_are_recognised_and_preprocessed_without_sticky_actions():
     """rl-zoo3 trains on BreakoutNoFrameskip-v4 (ale-py registers it when imported): it used to be an 'unknown
     environment' because only ALE/ ids imported ale-py, and got no Atari preprocessing."""

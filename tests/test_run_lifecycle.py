@@ -257,6 +257,21 @@ def test_a_learning_curve_that_cannot_be_written_is_a_warning_and_the_run_comple
         f"warning: {png}: Is a directory: the learning curve was not written"]
 
 
+def test_without_matplotlib_or_tqdm_the_run_completes_with_warnings(run_copy, monkeypatch):
+    """A matplotlib that could not be imported ended a completed run with a traceback and no summary.json; a missing
+    tqdm did so after the run directory was written (with the progress bar on, the default)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    lines = []
+    summary = train_run(resume=run_copy, log=lines.append, progress=True)
+    assert summary["status"] == "completed"
+    assert json.load(open(os.path.join(run_copy, "summary.json")))["status"] == "completed"
+    warnings = [l for l in lines if l.startswith("warning:")]
+    assert len(warnings) == 2, lines
+    assert warnings[0].startswith("warning: tqdm cannot be imported") and "no progress bar" in warnings[0]
+    assert warnings[1].startswith("warning: matplotlib cannot be imported") and "not written" in warnings[1]
+
+
 def test_a_resume_with_nothing_to_train_says_so_and_how_to_train_on(run_copy):
     """--resume of a finished run, or with --until at or below its step, logged 'resumed ... at step N' and exited 0
     having trained nothing, without a word on why or how to go on."""

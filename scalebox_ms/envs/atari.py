@@ -119,13 +119,19 @@ def wrap(env, preprocess: str, evaluation: bool = False):
 
 
 def import_ale() -> None:
-    """ale-py registers the ``ALE/`` ids with gymnasium when imported."""
-    from ..errors import ConfigError
+    """ale-py registers the ``ALE/`` ids with gymnasium when imported; gymnasium's resize wrapper needs OpenCV."""
+    from ..errors import ConfigError, first_line
 
-    try:
-        import ale_py  # noqa: F401
-    except ImportError:
-        raise ConfigError("env.id: Atari envs need ale-py and opencv: pip install -e \".[atari]\"") from None
+    for module, package in (("ale_py", "ale-py"), ("cv2", "opencv-python-headless")):
+        try:
+            __import__(module)
+        except ImportError:
+            raise ConfigError(f"env.id: Atari envs need ale-py and opencv ({package} is not installed): "
+                              "pip install -e \".[atari]\"") from None
+        except Exception as exc:  # (installed but broken: a numpy it was not built for)
+            raise ConfigError(f"env.id: Atari envs need ale-py and opencv: {package} is installed but its import "
+                              f"fails ({type(exc).__name__}: {first_line(exc)}); reinstall it: "
+                              "pip install -e \".[atari]\"") from None
 
 
 def _gym_wrapper():

@@ -30,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import ConfigError, short_repr
+from ..errors import ConfigError, first_line, short_repr
 
 #: threads EnvPool steps the envs with: 0 is EnvPool's own default (one per core, at most num_envs)
 DEFAULT_THREADS = 0
@@ -42,6 +42,9 @@ def _envpool():
     except ImportError:
         raise ConfigError("env.backend: envpool needs the optional extra: pip install -e \".[envpool]\" "
                           "(envpool 1.2.x)") from None
+    except Exception as exc:  # (installed but broken: a protobuf or numpy it was not built for)
+        raise ConfigError(f"env.backend: envpool is installed but its import fails ({type(exc).__name__}: "
+                          f"{first_line(exc)}); reinstall it: pip install -e \".[envpool]\"") from None
     return envpool
 
 

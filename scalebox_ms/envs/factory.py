@@ -127,7 +127,9 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     except ConfigError:
         raise  # (already names the culprit: not wrapped again below, ConfigError being a ValueError)
     except gym.error.DependencyNotInstalled as exc:
-        raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({first_line(exc)})") from None
+        extra = ("; scalebox_ms's extra: pip install -e \".[mujoco]\"" if "mujoco" in str(exc).lower() else "")
+        raise ConfigError(f"env.id: {short_repr(env_id)} needs an optional dependency ({first_line(exc)}){extra}") \
+            from None
     except (gym.error.Error, TypeError, ValueError) as exc:
         added = {k: v for k, v in kwargs.items() if k not in given}  # (Atari's frameskip, evaluation's step cap)
         raise ConfigError(f"env.id: cannot create {short_repr(env_id)} with env.kwargs={short_repr(given)}"

@@ -63,14 +63,20 @@ def _fmt(v):
 
 def plot_learning_curve(metrics_csv: str, out_png: str, title: str, log=None) -> None:
     """Episode return vs env steps from ``metrics_csv`` into ``out_png`` (atomically). With ``log`` a file that
-    cannot be written is a logged warning, not an error: a run whose checkpoint is written is not failed for its
-    plot (a learning_curve.png that was a directory ended a completed run with exit 2 and no summary)."""
+    cannot be written, or a matplotlib that cannot be imported, is a logged warning, not an error: a run whose
+    checkpoint is written is not failed for its plot (a learning_curve.png that was a directory ended a completed run
+    with exit 2 and no summary)."""
     try:
         _plot(metrics_csv, out_png, title)
     except OSError as exc:
         if log is None:
             raise
         log(f"warning: {exc.filename or out_png}: {exc.strerror or exc}: the learning curve was not written")
+    except ImportError as exc:  # (a broken matplotlib install: the run's own files are written all the same)
+        if log is None:
+            raise
+        log(f"warning: matplotlib cannot be imported ({type(exc).__name__}: {exc}): the learning curve was not "
+            "written; pip install matplotlib")
 
 
 def _plot(metrics_csv: str, out_png: str, title: str) -> None:

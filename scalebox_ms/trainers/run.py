@@ -64,19 +64,25 @@ class CheckpointSaver(Callback):
 
 
 class ProgressBar(Callback):
-    """tqdm bar over env steps with steps/s and the mean episode return."""
+    """tqdm bar over env steps with steps/s and the mean episode return (no tqdm: a warning, no bar)."""
 
-    def __init__(self, total: int):
-        self.total = total
-        self.bar = None
+    def __init__(self, total: int, log=print):
+        self.total, self.bar = total, None
+        try:
+            from tqdm import tqdm
+        except ImportError as exc:
+            log(f"warning: tqdm cannot be imported ({type(exc).__name__}: {exc}): no progress bar; pip install tqdm")
+            tqdm = None
+        self.tqdm = tqdm
 
     def on_training_start(self, trainer):
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=self.total, initial=trainer.global_step, unit="step", unit_scale=True,
-                        dynamic_ncols=True, file=sys.stderr, desc=trainer.config.env.id)
+        if self.tqdm is not None:
+            self.bar = self.tqdm(total=self.total, initial=trainer.global_step, unit="step", unit_scale=True,
+                                 dynamic_ncols=True, file=sys.stderr, desc=trainer.config.env.id)
 
     def on_iteration_end(self, trainer, metrics):
+        if self.bar is None:
+            return  # (no tqdm)
         self.bar.update(metrics["global_step"] - self.bar.n)
         ret = metrics["episode_return_mean"]
         self.bar.set_postfix({"steps/s": f"{metrics['steps_per_second']:.0f}",
@@ -363,7 +369,7 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     callbacks: List[Callback] = [writer] + evals + [saver, stopper, ProgressBeat()]
     show = cfg.run.progress if progress is None else progress
     if show:
-        callbacks.append(ProgressBar(cfg.run.total_steps))
+        callbacks.append(ProgressBar(cfg.run.total_steps, log))
     if profile > 0:
         callbacks.append(ProfileIterations(os.path.join(run_dir, "profile"), profile))
     solved_before = _solved_at_checkpoint(trainer, cfg)
