@@ -219,18 +219,38 @@ def compiler_check() -> Dict[str, str]:
     kernels fall back to MindSpore's ops (logged at each run's start, easy to miss): a warning, not a failure."""
     import glob
 
-    from .ops.custom.build import cache_dir, compiler_command
+    from .ops.custom.build import CACHE_ENV, cache_dir, compiler_command
 
     cmd = compiler_command()
     out = _run([*cmd, "--version"]) if cmd else None
-    if out is not None:
-        return _check("cxx", "ok", f"{' '.join(cmd)}: {(out.strip().splitlines() or ['?'])[0]}")
     cached = len(glob.glob(os.path.join(glob.escape(cache_dir()), "*.so")))
+    if out is not None:
+        found = f"{' '.join(cmd)}: {(out.strip().splitlines() or ['?'])[0]}"
+        unwritable = _unwritable(cache_dir())
+        if unwritable:  # (each kernel not built yet falls back, logged only at the run's start)
+            return _check("cxx", "warn", f"{found}; but the kernel cache {cache_dir()} cannot be written "
+                          f"({unwritable}): the C++ kernels not built there yet fall back to MindSpore's ops, several "
+                          "times slower on CPU" + (f" ({cached} kernel libraries cached there still load)" if cached
+                                                   else "") + f"; set {CACHE_ENV} to a writable directory")
+        return _check("cxx", "ok", found)
     return _check("cxx", "warn", f"C++ compiler {' '.join(cmd) or '(empty CXX)'!r} not found or not working: the C++ "
                   "kernels (policy.act_kernel, ppo.update_kernel and <algo>.optimizer_kernel auto) fall back to "
                   "MindSpore's ops, several times slower on CPU"
                   + (f" ({cached} kernel libraries cached in {cache_dir()} still load)" if cached else "")
                   + "; install g++ or set CXX")
+
+
+def _unwritable(directory: str) -> str:
+    """Why a file cannot be created in ``directory`` (made if missing, as the kernel build does), or ""."""
+    import tempfile
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".doctor-"):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return ""
 
 
 def backend_check(name: str, timeout: float = 180) -> Dict[str, str]:

@@ -44,6 +44,21 @@ def test_a_missing_cpp_compiler_is_a_warning_naming_the_slower_fallback(tmp_path
                                       "kernels") and check["detail"].endswith("; install g++ or set CXX")
 
 
+def test_a_kernel_cache_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch):
+    """doctor said 'cxx ok' with a read-only HOME: every auto kernel then fell back to MindSpore's ops at each run."""
+    from scalebox_ms.doctor import compiler_check
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "file" / "cache"))  # (even as root)
+    check = compiler_check()
+    assert check["status"] == "warn", check
+    assert f"; but the kernel cache {tmp_path / 'file' / 'cache'} cannot be written (Not a directory)" in check["detail"]
+    assert check["detail"].endswith("; set SCALEBOX_MS_CUSTOM_OPS_CACHE to a writable directory")
+    monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "new" / "cache"))
+    assert compiler_check()["status"] == "ok"  # (made as the kernel build makes it)
+    assert os.listdir(tmp_path / "new" / "cache") == []
+
+
 def test_numpy_2_with_mindspore_2_10_is_a_failure():
     assert numpy_check("2.1.3", "2.10.0")["status"] == "fail"
     assert numpy_check("1.26.4", "2.10.0")["status"] == "ok"
