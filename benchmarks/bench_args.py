@@ -49,3 +49,23 @@ def plot_path(plot, out: str, default_out: str, default_plot: str) -> str:
     if os.path.abspath(out) == os.path.abspath(default_out):
         return default_plot
     return os.path.splitext(out)[0] + ".png"
+
+
+#: what each library of a side-by-side run imports, with the extra that installs it
+SB3 = (("stable_baselines3", "bench"), ("torch", "bench"))
+MUJOCO = (("mujoco", "mujoco"),)
+ATARI = (("ale_py", "atari"), ("cv2", "atari"))
+
+
+def require(*needs) -> None:
+    """Stop with one line naming the first module of ``needs`` ((module, extra) pairs) that cannot be imported and
+    the extra that installs it, before any run: a side-by-side script ran its first library for tens of minutes and
+    then its second one died with a traceback."""
+    import importlib
+
+    for module, extra in dict.fromkeys(needs):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # (ImportError, or a broken install)
+            raise SystemExit(f"{module} cannot be imported ({type(exc).__name__}: {str(exc).splitlines()[0]}): "
+                             f'pip install -e ".[{extra}]"') from None

@@ -24,7 +24,7 @@ import time
 
 from scalebox_ms.fileio import atomic_write_json  # noqa: E402
 from scalebox_ms.sandbox import peak_rss_bytes  # noqa: E402
-from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
+from bench_args import SB3, at_least, require  # noqa: E402 (benchmarks/ is on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -99,10 +99,7 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    try:
-        import stable_baselines3  # noqa: F401
-    except ImportError:
-        raise SystemExit('stable-baselines3 is not installed: pip install -e ".[bench]"')
+    require(*SB3)
     results = []
     for seed in args.seeds:  # interleave the libraries so machine noise hits both alike
         for lib in ("scalebox_ms", "sb3"):

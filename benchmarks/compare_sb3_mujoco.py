@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import time
-from bench_args import at_least, plot_path, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
+from bench_args import MUJOCO, SB3, at_least, plot_path, require, results_to_plot  # noqa: E402 (on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -114,6 +114,7 @@ def main() -> None:
         print(json.dumps(work(args.env, args.seed, args.steps, args.eval_episodes)))
         return
 
+    require(*MUJOCO, *(SB3 if "sb3" in args.libs else ()))
     from scalebox_ms.fileio import atomic_write_json
 
     payload = {"env": args.env, "steps": args.steps, "seed": args.seed, "preset": PRESETS[args.env], "runs": {},

@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 
-from bench_args import at_least  # noqa: E402 (benchmarks/ is on sys.path)
+from bench_args import MUJOCO, SB3, at_least, require  # noqa: E402 (benchmarks/ is on sys.path)
 from scalebox_ms.fileio import atomic_write_json
 from scalebox_ms.sandbox import peak_rss_bytes
 
@@ -186,11 +186,8 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    try:
-        import stable_baselines3  # noqa: F401
-    except ImportError:
-        raise SystemExit('stable-baselines3 is not installed: pip install -e ".[bench]"') from None
     tasks = list(dict.fromkeys(args.tasks))
+    require(*SB3, *(MUJOCO if any(TASKS[t]["env"].startswith("HalfCheetah") for t in tasks) else ()))
     config_dir = os.path.join(REPO, "configs")
     missing = [TASKS[t]["config"] for t in tasks if not os.path.isfile(os.path.join(config_dir, TASKS[t]["config"]))]
     if missing:

@@ -34,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from bench_args import at_least, plot_path, results_to_plot  # noqa: E402 (benchmarks/ is on sys.path)
+from bench_args import ATARI, SB3, at_least, plot_path, require, results_to_plot  # noqa: E402 (on sys.path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -238,6 +238,7 @@ def main() -> None:
         print(json.dumps(work(TASKS[task], preset, int(seed), args.episodes, float(launched))))
         return
 
+    require(*(SB3 if "sb3" in args.libs else ()), *(ATARI if "breakout" in args.tasks else ()))
     from scalebox_ms.fileio import atomic_write_json
 
     payload = {"episodes": args.episodes, "seeds": args.seeds, "results": {}, "tasks": {t: TASKS[t] for t in TASKS},
