@@ -15,6 +15,15 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         sys.stderr.write(f"error: {self.prog}: {message}\n")
         raise SystemExit(2)
 
+    def parse_args(self, args=None, namespace=None):
+        """SIGTERM/SIGHUP (:func:`stop_at_once_on_termination`) or Ctrl-C while the flags are parsed: "interrupted"
+        and 128 + the signal's number, as later on (it was a traceback)."""
+        try:
+            return super().parse_args(args, namespace)
+        except KeyboardInterrupt as exc:
+            say("interrupted")
+            raise SystemExit(128 + getattr(exc, "signum", signal.SIGINT)) from None
+
 
 def say(line: str) -> None:
     """One line to stderr; a closed or broken stderr (``2>&-``, a pipe into ``head``) must not stop a run."""

@@ -372,6 +372,27 @@ def test_ctrl_c_during_evaluate_or_export_is_a_clean_interrupt(tmp_path, tool, n
     assert err.strip().splitlines()[-1] == "interrupted"
 
 
+@pytest.mark.parametrize("signum", [2, 15])
+def test_a_signal_while_the_flags_are_parsed_is_a_clean_interrupt(capsys, signum):
+    """SIGTERM between stop_at_once_on_termination and the run (the flags' parsing) was a traceback."""
+    from scalebox_ms.cli_common import OneLineArgumentParser
+    from scalebox_ms.errors import Interrupted
+
+    def signalled(text):
+        raise Interrupted(signum) if signum != 2 else KeyboardInterrupt
+
+    p = OneLineArgumentParser(prog="tool")
+    p.add_argument("--n", type=signalled)
+    try:
+        p.parse_args(["--n", "1"])
+    except SystemExit as stop:
+        code = stop.code
+    except KeyboardInterrupt:  # (not raised on: it would stop the test session)
+        pytest.fail("the signal escaped parse_args")
+    assert code == 128 + signum and capsys.readouterr().err == "interrupted\n"
+    assert p.parse_args([]).n is None
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("nth", [300, 900])
 def test_ctrl_c_while_mindspore_is_imported_is_a_clean_interrupt(tmp_path, nth):
