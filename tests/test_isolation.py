@@ -48,6 +48,23 @@ def test_faulty_worker_is_restarted_and_its_episode_truncated(env_id, kind, kwar
         env.close()
 
 
+def test_restart_warnings_number_envs_as_the_run_does_under_data_parallelism(caplog):
+    """Rank 1 of 2 (2 envs each) warned 'isolated env 0' for the run's env 2, which its non-finite errors name so."""
+    from scalebox_ms.trainers.collector import RolloutCollector
+
+    cfg = small_config(env={"id": "faulty_envs:CrashingCartPole-v0", "num_envs": 4}, parallel={"workers": 2},
+                       sandbox={"isolation_level": "process"})
+    c = RolloutCollector(cfg, cfg.sandbox, np.random.default_rng(0), 2, rank=1)
+    try:
+        with caplog.at_level("WARNING", logger="scalebox_ms"):
+            drive(c.env, steps=6)
+        warned = sorted(int(r.getMessage().split()[2]) for r in caplog.records if "worker restarted" in r.getMessage())
+        assert warned == [2, 3]
+        assert sorted(e["env"] for e in c.env.events) == [0, 1]  # (the env's own indices, as evaluation reads them)
+    finally:
+        c.close()
+
+
 def test_workers_hanging_on_the_same_step_are_all_timed_out_within_one_step_timeout():
     """Each hung worker was polled with a fresh step_timeout after the previous one's: N workers hanging on one
     step held it N x step_timeout (and a Ctrl-C's iteration end with it)."""

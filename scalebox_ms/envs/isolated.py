@@ -160,6 +160,9 @@ class IsolatedVectorEnv:
         self.metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
         self._ctx = mp.get_context("spawn")
         self.events: List[dict] = []
+        #: added to a sub-env's index in the restart warnings (data parallelism: rank x envs per rank, the index
+        #: the run's other messages give); ``events`` keep this env's own indices
+        self.index_offset = 0
         #: the sub-envs whose worker the last step restarted (see :func:`restarted`)
         self.restarted = np.zeros(self.num_envs, bool)
         self._workers = [self._start() for _ in range(self.num_envs)]
@@ -180,7 +183,8 @@ class IsolatedVectorEnv:
         self._workers[i].kill()
         event = {"env": i, "kind": failure.kind, "detail": failure.detail.splitlines()[0][:300]}
         self.events.append(event)
-        log.warning("isolated env %d (%s): %s -> worker restarted, episode truncated", i, failure.kind, event["detail"])
+        log.warning("isolated env %d (%s): %s -> worker restarted, episode truncated", i + self.index_offset,
+                    failure.kind, event["detail"])
         self._workers[i] = self._start()
         self._needs_reset[i] = self._fresh[i] = True
 

@@ -42,6 +42,8 @@ class RolloutCollector:
                                 step_timeout=getattr(sandbox, "step_timeout", 10.0),
                                 worker_memory_limit=getattr(sandbox, "worker_memory_limit_bytes", None),
                                 backend=e.backend, preprocess=e.preprocess)
+        if hasattr(self.env, "index_offset"):  # (isolated: its restart warnings number envs as the run does)
+            self.env.index_offset = rank * num_envs
         from ..envs.atari import resolve
 
         # Atari: episode statistics are whole games with raw rewards (info["game_return"], envs.atari.GameStats),
