@@ -59,6 +59,11 @@ def test_teacher_forced_steps_match_gymnasium(env_id, n=2500, batch=500):
         if term or trunc:
             ref.reset()
             t = 0
+    # the termination rule on the observation (what the EnvPool backend restores a lost flag with) is gymnasium's
+    from scalebox_ms.envs.native.dynamics import DYNAMICS
+
+    observed = np.array([r[3] for r in rows], np.float32)
+    np.testing.assert_array_equal(DYNAMICS[env_id]().terminal(observed), np.array([r[5] for r in rows], bool))
     native = make_native(env_id, batch)
     for b0 in range(0, n, batch):
         state, steps, actions, obs, rew, term, trunc = (np.array(c) for c in zip(*rows[b0:b0 + batch]))

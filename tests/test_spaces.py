@@ -543,7 +543,8 @@ def test_export_of_composite_observations_matches_predict_without_scalebox(env_i
 
 
 @pytest.mark.integration
-def test_export_of_multidiscrete_actions_mindir_evaluation_and_int8_refusal(tmp_path):
+def test_export_of_multidiscrete_actions_mindir_evaluation_and_int8_refusal(tmp_path, monkeypatch):
+    import scalebox_ms.quant
     from scalebox_ms.export import MindIRPolicy, evaluate_mindir, export_mindir
 
     tr = PPOTrainer(ppo_config("MultiDiscreteMatch-v0", 512))
@@ -559,6 +560,10 @@ def test_export_of_multidiscrete_actions_mindir_evaluation_and_int8_refusal(tmp_
             np.testing.assert_array_equal(policy.env_actions(policy(obs)), tr.predict(obs))
         returns = evaluate_mindir(path, episodes=4)
         assert len(returns) == 4 and np.mean(returns) == np.mean(evaluate_policy(tr, episodes=4))
+        def calibrate(*args, **kwargs):  # (the refusal came after calibrate_steps env steps: on a slow env, minutes)
+            raise AssertionError("calibrated before the refusal")
+
+        monkeypatch.setattr(scalebox_ms.quant, "collect_calibration_data", calibrate)
         with pytest.raises(ConfigError, match="quantize: the INT8 policy implements Discrete and Box actions, not "
                                               "multidiscrete"):
             export_mindir(tr, str(tmp_path / "md.mindir"), int8=True, calibrate_steps=16)

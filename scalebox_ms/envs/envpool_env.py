@@ -8,7 +8,10 @@ the collector expects of every backend. :class:`EnvPoolVectorEnv` adds what EnvP
 ``single_*``/batched spaces, and one-line :class:`ConfigError` s for a missing extra or an id EnvPool does not have.
 
 What differs from gymnasium's envs: EnvPool's own implementations (and its own reset noise), so episodes differ for
-the same seed; a pool cannot be pickled, so checkpoints resume with fresh episodes seeded from (seed, step), as for
+the same seed; an episode that ends itself on its last allowed step (``max_episode_steps``) is reported by EnvPool as
+truncated only, where gymnasium's TimeLimit keeps ``terminated`` too: for the classic-control ids the wrapper
+restores the flag from the observation (:mod:`.native.dynamics`' ``terminal``), other envs (MuJoCo's Hopper,
+Walker2d, Ant, Humanoid) keep EnvPool's flags, so such a step bootstraps; a pool cannot be pickled, so checkpoints resume with fresh episodes seeded from (seed, step), as for
 MuJoCo; ``env.kwargs`` go to ``envpool.make_gymnasium``. Evaluation, as for every backend, runs gymnasium's env of
 the same id.
 
@@ -135,6 +138,10 @@ class EnvPoolVectorEnv:
         self._options = {**(ATARI_TRAINING if self.atari else {}), **self.kwargs}
         if self._options.get("max_episode_steps") == -1:  # (gymnasium's "no TimeLimit"; EnvPool cut every 2nd step)
             self._options["max_episode_steps"] = INT32_SEEDS - 1
+        from .native.dynamics import DYNAMICS
+
+        # classic control: the termination rule on the observation, for episodes that end on their last step
+        self._terminal = DYNAMICS[env_id]().terminal if env_id in DYNAMICS else None
         self._game_return = np.zeros(self.num_envs)
         self._lives = np.zeros(self.num_envs, np.int64)
         self._elapsed = np.zeros(self.num_envs, np.int64)
@@ -180,7 +187,11 @@ class EnvPoolVectorEnv:
         with _no_precision_warning():
             out = self._pool.step(np.asarray(actions, dtype=self._action_dtype))
         if not self.atari:
-            return out
+            obs, reward, terminated, truncated, info = out
+            if self._terminal is not None and np.any(truncated):  # EnvPool: done & ~truncated, where gymnasium's
+                # TimeLimit keeps terminated for an episode that ends itself on its last allowed step
+                terminated = np.asarray(terminated, bool) | (np.asarray(truncated, bool) & self._terminal(obs))
+            return obs, reward, terminated, truncated, info
         obs, reward, terminated, truncated, info = out
         lives, elapsed = np.asarray(info["lives"]), np.asarray(info["elapsed_step"])
         over = (np.asarray(info["terminated"]) > 0) | np.asarray(truncated, bool)

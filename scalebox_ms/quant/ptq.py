@@ -198,6 +198,16 @@ class DynamicQuantizer:
         self.activation_calibration = activation_calibration
         self.percentile = float(percentile)
 
+    def check(self, cnn: bool, spec) -> None:
+        """What this quantizer cannot do with a policy (``cnn``: a NatureCNN extractor; ``spec``: its SpaceSpec or
+        None), before any calibration: :func:`scalebox_ms.export.export_mindir` calls it first."""
+        if cnn and self.quant_level != "L1":
+            raise ConfigError("quantize: NatureCNN policies quantize at L1 (int8 weights per output channel); L2's "
+                              "activation quantization covers Dense layers only")
+        if spec is not None and spec.action_kind not in ("discrete", "box"):
+            raise ConfigError(f"quantize: the INT8 policy implements Discrete and Box actions, not {spec.action_kind}; "
+                              "export without --int8")
+
     def __call__(self, model, calibration_data) -> QuantizedPolicy:
         """Quantize ``model`` (an ActorCritic, or a trainer: PPO's policy MLP; DQN's Q-network, SAC's and TD3's
         actor) using normalised observations ``calibration_data``."""
@@ -215,12 +225,7 @@ class DynamicQuantizer:
             pi = getattr(model, "pi_net", None)
             spec = getattr(model, "spec", None)
         cnn = getattr(model, "features", None)
-        if cnn is not None and self.quant_level != "L1":
-            raise ConfigError("quantize: NatureCNN policies quantize at L1 (int8 weights per output channel); L2's "
-                              "activation quantization covers Dense layers only")
-        if spec is not None and spec.action_kind not in ("discrete", "box"):
-            raise ConfigError(f"quantize: the INT8 policy implements Discrete and Box actions, not {spec.action_kind}; "
-                              "export without --int8")
+        self.check(cnn is not None, spec)
         layers = _dense_layers(pi) if hasattr(pi, "cells") else []
         if not layers:
             raise ConfigError(f"quantize: {type(model).__name__} has no policy Dense layers to quantize")

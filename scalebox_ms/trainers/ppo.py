@@ -98,7 +98,7 @@ class PPOTrainer(Trainer):
         if self.spec.cnn and (self.amp is not None or W > 1):
             raise images_in_one_process("amp.level" if self.amp is not None else "parallel.workers")
         if self.spec.action_kind == "box" and any(lo > 0 or hi < 0 for lo, hi in zip(self.spec.low, self.spec.high)):
-            self.log.warning(f"warning: {e.id!r}'s Box action bounds {list(self.spec.low)}..{list(self.spec.high)} "
+            self.log.warning(f"warning: {e.id}: Box action bounds {list(self.spec.low)}..{list(self.spec.high)} "
                              "exclude 0: PPO's Gaussian starts at mean 0, clipped to a bound, and may not learn "
                              "(rescale the actions to [-1, 1]: gymnasium.wrappers.RescaleAction)")
         width = self.spec.action_width

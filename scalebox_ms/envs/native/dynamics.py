@@ -5,7 +5,10 @@ Acrobot, semi-implicit updates where gymnasium uses them) for a batch of states 
 
 * ``initial_state(u)`` maps uniform [0, 1) noise (N, noise_dim) to gymnasium's reset distribution;
 * ``step(state, action)`` -> (next_state, reward, terminated);
-* ``observe(state)`` -> observation.
+* ``observe(state)`` -> observation;
+* ``terminal(obs)`` -> whether a (numpy, (N, obs_dim)) observation is a terminal one: the termination rule above on
+  the observation, for backends that lose the flag (EnvPool reports an episode that ends on its last allowed step
+  as truncated only, where gymnasium's TimeLimit keeps ``terminated``).
 
 Differences to gymnasium: arithmetic in float32 (gymnasium's CartPole, MountainCar, Acrobot and Pendulum keep
 float64 states), so a free-running trajectory drifts from gymnasium's after many steps (the systems are
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 
 import mindspore as ms
+import numpy as np
 from mindspore import ops
 
 PI = math.pi
@@ -68,6 +72,11 @@ class CartPole:
     def observe(s):
         return s
 
+    def terminal(self, obs):
+        x, theta = obs[:, 0], obs[:, 2]
+        return (x < -self.x_threshold) | (x > self.x_threshold) | (theta < -self.theta_threshold) | \
+            (theta > self.theta_threshold)
+
 
 class MountainCar:
     env_id = "MountainCar-v0"
@@ -91,6 +100,9 @@ class MountainCar:
     @staticmethod
     def observe(s):
         return s
+
+    def terminal(self, obs):
+        return (obs[:, 0] >= self.goal_position) & (obs[:, 1] >= self.goal_velocity)
 
 
 class MountainCarContinuous(MountainCar):
@@ -135,6 +147,10 @@ class Pendulum:
     def observe(s):
         th, thdot = _columns(s)
         return ops.stack([ops.cos(th), ops.sin(th), thdot], axis=1)
+
+    @staticmethod
+    def terminal(obs):
+        return np.zeros(len(obs), bool)  # (Pendulum never terminates)
 
 
 class Acrobot:
@@ -188,6 +204,11 @@ class Acrobot:
     def observe(s):
         th1, th2, d1, d2 = _columns(s)
         return ops.stack([ops.cos(th1), ops.sin(th1), ops.cos(th2), ops.sin(th2), d1, d2], axis=1)
+
+    @staticmethod
+    def terminal(obs):
+        c1, s1, c2, s2 = obs[:, 0], obs[:, 1], obs[:, 2], obs[:, 3]
+        return -c1 - (c1 * c2 - s1 * s2) > 1.0  # -cos(th1) - cos(th2 + th1) > 1
 
 
 DYNAMICS = {cls.env_id: cls for cls in (CartPole, MountainCar, MountainCarContinuous, Pendulum, Acrobot)}
