@@ -33,5 +33,6 @@ def test_an_extra_is_named_for_its_module(monkeypatch):
     finally:
         sys.path.pop(0)
     monkeypatch.setitem(sys.modules, "cv2", None)
-    with pytest.raises(SystemExit, match=r'^cv2 cannot be imported \(ModuleNotFoundError: .*\): pip install -e "\.\[atari\]"$'):
+    with pytest.raises(SystemExit, match=r'^cv2 cannot be imported \(ModuleNotFoundError: .*\): '
+                                         r'pip install -e "\.\[atari\]"$'):
         require(*ATARI)

@@ -52,7 +52,8 @@ def test_a_kernel_cache_that_cannot_be_written_is_a_warning(tmp_path, monkeypatc
     monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "file" / "cache"))  # (even as root)
     check = compiler_check()
     assert check["status"] == "warn", check
-    assert f"; but the kernel cache {tmp_path / 'file' / 'cache'} cannot be written (Not a directory)" in check["detail"]
+    cache = tmp_path / "file" / "cache"
+    assert f"; but the kernel cache {cache} cannot be written (Not a directory)" in check["detail"]
     assert check["detail"].endswith("; set SCALEBOX_MS_CUSTOM_OPS_CACHE to a writable directory")
     monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "new" / "cache"))
     assert compiler_check()["status"] == "ok"  # (made as the kernel build makes it)

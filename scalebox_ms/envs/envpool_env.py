@@ -11,9 +11,9 @@ What differs from gymnasium's envs: EnvPool's own implementations (and its own r
 the same seed; an episode that ends itself on its last allowed step (``max_episode_steps``) is reported by EnvPool as
 truncated only, where gymnasium's TimeLimit keeps ``terminated`` too: for the classic-control ids the wrapper
 restores the flag from the observation (:mod:`.native.dynamics`' ``terminal``), other envs (MuJoCo's Hopper,
-Walker2d, Ant, Humanoid) keep EnvPool's flags, so such a step bootstraps; a pool cannot be pickled, so checkpoints resume with fresh episodes seeded from (seed, step), as for
-MuJoCo; ``env.kwargs`` go to ``envpool.make_gymnasium``. Evaluation, as for every backend, runs gymnasium's env of
-the same id.
+Walker2d, Ant, Humanoid) keep EnvPool's flags, so such a step bootstraps; a pool cannot be pickled, so checkpoints
+resume with fresh episodes seeded from (seed, step), as for MuJoCo; ``env.kwargs`` go to ``envpool.make_gymnasium``.
+Evaluation, as for every backend, runs gymnasium's env of the same id.
 
 Atari (``ALE/Breakout-v5`` -> EnvPool's ``Breakout-v5``, ``env.preprocess`` auto/atari): EnvPool preprocesses in
 C++ with the settings of :data:`ATARI_TRAINING`, chosen to match the gymnasium training pipeline of
@@ -138,10 +138,14 @@ class EnvPoolVectorEnv:
         self._options = {**(ATARI_TRAINING if self.atari else {}), **self.kwargs}
         if self._options.get("max_episode_steps") == -1:  # (gymnasium's "no TimeLimit"; EnvPool cut every 2nd step)
             self._options["max_episode_steps"] = INT32_SEEDS - 1
-        from .native.dynamics import DYNAMICS
+        from .native import SUPPORTED
 
         # classic control: the termination rule on the observation, for episodes that end on their last step
-        self._terminal = DYNAMICS[env_id]().terminal if env_id in DYNAMICS else None
+        self._terminal = None
+        if env_id in SUPPORTED:
+            from .native.dynamics import DYNAMICS
+
+            self._terminal = DYNAMICS[env_id]().terminal
         self._game_return = np.zeros(self.num_envs)
         self._lives = np.zeros(self.num_envs, np.int64)
         self._elapsed = np.zeros(self.num_envs, np.int64)
