@@ -9,11 +9,13 @@ import pytest
 from conftest import REPO
 
 
-@pytest.mark.parametrize("script, args", [
-    ("compare_sb3.py", []), ("compare_sb3_offpolicy.py", []), ("compare_sb3_atari.py", []),
-    ("compare_sb3_mujoco.py", []), ("time_to_solve.py", ["--tasks", "cartpole"])])
-def test_a_missing_library_stops_the_script_before_any_run(tmp_path, script, args):
-    blocked = tmp_path / "blocked" / "stable_baselines3"
+@pytest.mark.parametrize("script, args, module, extra", [
+    ("compare_sb3.py", [], "stable_baselines3", "bench"),
+    ("compare_sb3_offpolicy.py", [], "stable_baselines3", "bench"),
+    ("compare_sb3_atari.py", [], "stable_baselines3", "bench"), ("compare_sb3_mujoco.py", [], "mujoco", "mujoco"),
+    ("time_to_solve.py", ["--tasks", "cartpole"], "stable_baselines3", "bench")])
+def test_a_missing_library_stops_the_script_before_any_run(tmp_path, script, args, module, extra):
+    blocked = tmp_path / "blocked" / module  # (a package that cannot be imported, installed or not)
     blocked.mkdir(parents=True)
     (blocked / "__init__.py").write_text("raise ImportError('blocked by the test')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "blocked"), REPO]))
@@ -21,8 +23,8 @@ def test_a_missing_library_stops_the_script_before_any_run(tmp_path, script, arg
     r = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", script), *args, "--out", str(out)],
                        capture_output=True, text=True, env=env, timeout=120, cwd=str(tmp_path))
     assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
-    assert r.stderr == ("stable_baselines3 cannot be imported (ImportError: blocked by the test): "
-                        'pip install -e ".[bench]"\n')
+    assert r.stderr == f'{module} cannot be imported (ImportError: blocked by the test): pip install -e ".[{extra}]"\n'
+
     assert sorted(os.listdir(tmp_path)) == ["blocked"]
 
 
