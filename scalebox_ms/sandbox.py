@@ -178,6 +178,20 @@ class Sandbox:
             raise ScaleboxError(f"sandbox.memory_limit: this process uses {rss / 2**20:.0f} MB, more than the limit "
                                 f"of {self.memory_limit_bytes / 2**20:.0f} MB; stopped")
 
+    def check_env_isolation(self, sandbox_cfg) -> None:
+        """A trainer's envs are isolated as its config says (``sandbox_cfg``: its ``sandbox`` section, which its
+        checkpoints record); this Sandbox's own isolation settings, where not the defaults, must be the same (a
+        ``Sandbox(isolation_level="process")`` isolated the envs of a config that said ``none``, and its checkpoints
+        said ``none``; with a native env, whose config refuses isolation, it was dropped silently)."""
+        mine, theirs = env_isolation(self), env_isolation(sandbox_cfg)
+        if mine == env_isolation(None) or mine == theirs:
+            return
+        keys = [key for key in mine if mine[key] != theirs[key]]
+        raise ConfigError(f"sandbox: this Sandbox has {', '.join(f'{k}={mine[k]!r}' for k in keys)}, the config's "
+                          f"sandbox section {', '.join(f'{k}={theirs[k]!r}' for k in keys)}: the envs are isolated as "
+                          "the config says (its checkpoints record it); set the config's sandbox keys, or build the "
+                          "Sandbox from them (Sandbox.from_config(config.sandbox, seed))")
+
     @classmethod
     def from_config(cls, sandbox_cfg, seed: int) -> "Sandbox":
         return cls(device=sandbox_cfg.device, seed=seed, threads=sandbox_cfg.threads,
@@ -195,3 +209,19 @@ class Sandbox:
         return (f"Sandbox(device={self.device!r}, seed={self.seed}, threads={self.threads}, "
                 f"deterministic={self.deterministic}, isolation_level={self.isolation_level!r}, "
                 f"memory_limit={self.memory_limit_bytes})")
+
+
+def env_isolation(sandbox) -> dict:
+    """``make_vec_env``'s isolation arguments (``isolation``, ``step_timeout``, ``worker_memory_limit`` in bytes) of a
+    config's ``sandbox`` section or a :class:`Sandbox` (None: the defaults)."""
+    from .config import parse_bytes
+
+    if sandbox is None:
+        return {"isolation": "none", "step_timeout": 10.0, "worker_memory_limit": None}
+    if isinstance(sandbox, Sandbox):
+        return {"isolation": sandbox.isolation_level, "step_timeout": float(sandbox.step_timeout),
+                "worker_memory_limit": sandbox.worker_memory_limit_bytes}
+    strict = sandbox.isolation_level == "strict"
+    return {"isolation": sandbox.isolation_level, "step_timeout": float(sandbox.step_timeout),
+            "worker_memory_limit": (parse_bytes(sandbox.worker_memory_limit, "sandbox.worker_memory_limit")
+                                    if strict else None)}

@@ -459,9 +459,10 @@ def test_whole_game_statistics_come_from_info():
 def test_isolated_envs_stack_dict_observations():
     from scalebox_ms import Sandbox
 
-    cfg = ppo_config("space_envs:DictMatch-v0", 64)
+    cfg = ppo_config("space_envs:DictMatch-v0", 64).with_overrides(["sandbox.isolation_level=process"])
     with Sandbox(device="CPU", seed=0, isolation_level="process") as sb:
         tr = PPOTrainer(cfg, sandbox=sb)
+        assert type(tr.env).__name__ == "IsolatedVectorEnv"
         try:
             tr.learn()
             assert tr.global_step == 256

@@ -15,6 +15,33 @@ def test_a_sandbox_that_is_not_one_is_refused(sandbox):
         make_trainer(small_config(), sandbox=sandbox)
 
 
+def test_the_envs_are_isolated_as_the_config_says_and_a_sandbox_that_differs_is_refused():
+    """A Sandbox(isolation_level="process") isolated the envs of a config that said none (its checkpoints said none),
+    a config's isolation was dropped with a default Sandbox, and a native env, whose config refuses isolation, was
+    trained unisolated under such a Sandbox."""
+    from scalebox_ms import Sandbox
+
+    isolated = small_config(sandbox={"isolation_level": "process"})
+    with Sandbox(device="cpu", seed=0) as default:  # (no isolation settings of its own: the config's apply)
+        tr = PPOTrainer(isolated, sandbox=default)
+        try:
+            assert type(tr.env).__name__ == "IsolatedVectorEnv"
+        finally:
+            tr.close()
+    with Sandbox(device="cpu", seed=0, isolation_level="process") as sb:
+        for cfg in (small_config(), small_config(env={"id": "CartPole-v1", "backend": "native"})):
+            with pytest.raises(ConfigError, match=r"^sandbox: this Sandbox has isolation='process', the config's "
+                                                  r"sandbox section isolation='none': the envs are isolated as the "
+                                                  r"config says"):
+                PPOTrainer(cfg, sandbox=sb)
+        tr = PPOTrainer(isolated, sandbox=sb)  # (the two agree)
+        tr.close()
+    with Sandbox(device="cpu", seed=0, isolation_level="process", step_timeout=3.0) as sb:
+        with pytest.raises(ConfigError, match=r"this Sandbox has step_timeout=3.0, the config's sandbox section "
+                                              r"step_timeout=10.0"):
+            PPOTrainer(isolated, sandbox=sb)
+
+
 def test_learn_refuses_a_total_steps_beyond_64_bits_before_training(tmp_path):
     """``learn(10**20)`` ("until solved") trained, and its checkpoint was then refused: run.total_steps is a
     64-bit integer."""

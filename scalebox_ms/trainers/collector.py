@@ -38,10 +38,11 @@ class RolloutCollector:
         #: global env steps per vector step (every rank's envs: data parallelism), for the steps errors name
         self.step_stride = num_envs * max(1, config.parallel.workers)
         self.rng = rng
-        self.env = make_vec_env(e.id, num_envs, e.kwargs, isolation=getattr(sandbox, "isolation_level", "none"),
-                                step_timeout=getattr(sandbox, "step_timeout", 10.0),
-                                worker_memory_limit=getattr(sandbox, "worker_memory_limit_bytes", None),
-                                backend=e.backend, preprocess=e.preprocess)
+        from ..sandbox import env_isolation
+
+        # (isolated as the config says: Trainer checked that a given Sandbox agrees)
+        self.env = make_vec_env(e.id, num_envs, e.kwargs, **env_isolation(config.sandbox), backend=e.backend,
+                                preprocess=e.preprocess)
         if hasattr(self.env, "index_offset"):  # (isolated: its restart warnings number envs as the run does)
             self.env.index_offset = rank * num_envs
         from ..envs.atari import resolve

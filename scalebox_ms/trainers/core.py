@@ -76,6 +76,7 @@ class Trainer:
         self._config_built = self.config.to_dict()  # (see _refuse_if_config_changed)
         self.log = logging.getLogger("scalebox_ms")
         self.sandbox = sandbox if sandbox is not None else sandbox_for(self.config)
+        self.sandbox.check_env_isolation(self.config.sandbox)  # (the envs follow the config's section)
         if hasattr(sandbox, "reseed"):  # run.seed decides the initial parameters, whatever ran in the process before
             sandbox.reseed(self.config.run.seed)
         self.global_step = 0

@@ -1,7 +1,7 @@
 """Deterministic evaluation on fresh gymnasium envs.
 
-Isolation: :func:`evaluate_policy` builds its envs the way the trainer builds its own
-(``trainer.sandbox.isolation_level``, ``step_timeout``, ``worker_memory_limit_bytes``). Under 'process' or
+Isolation: :func:`evaluate_policy` builds its envs the way the trainer builds its own (its config's
+``sandbox.isolation_level``, ``step_timeout``, ``worker_memory_limit``). Under 'process' or
 'strict' every eval sub-env runs in a worker process (:class:`~scalebox_ms.envs.IsolatedVectorEnv`), so an env
 that segfaults, raises or hangs cannot take the evaluating process down:
 
@@ -54,10 +54,9 @@ class EvaluationInterrupted(ScaleboxError):
 
 def isolation_kwargs(trainer) -> dict:
     """``make_vec_env`` isolation arguments for envs like ``trainer``'s own (see ``PPOTrainer``)."""
-    sb = getattr(trainer, "sandbox", None)
-    return {"isolation": getattr(sb, "isolation_level", "none"), "step_timeout": getattr(sb, "step_timeout", 10.0),
-            "worker_memory_limit": getattr(sb, "worker_memory_limit_bytes", None),
-            "preprocess": trainer.config.env.preprocess}
+    from ..sandbox import env_isolation
+
+    return {**env_isolation(trainer.config.sandbox), "preprocess": trainer.config.env.preprocess}
 
 
 def run_episodes(env_id: str, env_kwargs: Optional[dict], act: Callable[[np.ndarray], np.ndarray], episodes: int,
