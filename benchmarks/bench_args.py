@@ -67,5 +67,7 @@ def require(*needs) -> None:
         try:
             importlib.import_module(module)
         except Exception as exc:  # (ImportError, or a broken install)
-            raise SystemExit(f"{module} cannot be imported ({type(exc).__name__}: {str(exc).splitlines()[0]}): "
+            from scalebox_ms.errors import first_line
+
+            raise SystemExit(f"{module} cannot be imported ({type(exc).__name__}: {first_line(exc)}): "
                              f'pip install -e ".[{extra}]"') from None

@@ -66,7 +66,7 @@ TASKS = {
                             "sb3": "sac_pendulum"},
     "td3_pendulum": {"env": "Pendulum-v1", "steps": 20_000, "config": "td3_pendulum.yaml", "sb3": "td3_pendulum"},
     # (ours_steps: our run's length when --steps is not given, instead of the config's run.total_steps)
-    "sac_halfcheetah": {"env": "HalfCheetah-v5", "steps": 200_000, "ours_steps": 200_000,
+    "sac_halfcheetah": {"env": "HalfCheetah-v5", "mujoco": True, "steps": 200_000, "ours_steps": 200_000,
                         "config": "sac_halfcheetah.yaml", "sb3": "sac_halfcheetah"},
 }
 DEFAULT_TASKS = ["dqn_cartpole", "sac_pendulum", "sac_pendulum_native"]
@@ -187,7 +187,7 @@ def main() -> None:
         return
 
     tasks = list(dict.fromkeys(args.tasks))
-    require(*SB3, *(MUJOCO if any(TASKS[t]["env"].startswith("HalfCheetah") for t in tasks) else ()))
+    require(*SB3, *(MUJOCO if any(TASKS[t].get("mujoco") for t in tasks) else ()))
     config_dir = os.path.join(REPO, "configs")
     missing = [TASKS[t]["config"] for t in tasks if not os.path.isfile(os.path.join(config_dir, TASKS[t]["config"]))]
     if missing:

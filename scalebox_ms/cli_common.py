@@ -110,7 +110,8 @@ def import_mindspore() -> None:
     MindSpore's logging is set to errors only (``GLOG_v=3``) unless the environment sets it: its import and first
     context call otherwise print ~10 WARNING lines (the Ascend and GPU plugins it cannot load on a CPU machine,
     deprecated arguments) before every command's own output. An import that fails, or a ``sys.path`` entry that the
-    graph compiler cannot take (a non-ASCII directory under a non-UTF-8 locale), is a one-line ConfigError."""
+    graph compiler cannot take (one that cannot be encoded as UTF-8: a non-ASCII directory name whose bytes did not
+    decode in a non-UTF-8 locale), is a one-line ConfigError."""
     import os
 
     from .errors import ConfigError, first_line, short_repr
@@ -123,11 +124,13 @@ def import_mindspore() -> None:
                           "python -m scalebox_ms.doctor checks the installation") from None
     for entry in sys.path:  # MindSpore's graph compiler takes sys.path as UTF-8 strings: every compile failed
         try:
-            entry.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError(f"sys.path entry {short_repr(entry)} (the current directory or PYTHONPATH) is not "
-                              "valid UTF-8 in this locale, which MindSpore's graph compiler cannot take: set a UTF-8 "
-                              "locale (LC_ALL=C.UTF-8) or run from another directory") from None
+            if isinstance(entry, str):
+                entry.encode("utf-8")
+        except UnicodeEncodeError:  # (a path the locale could not decode: surrogate escapes)
+            raise ConfigError(f"sys.path entry {short_repr(entry)} (the current directory or PYTHONPATH) cannot be "
+                              "encoded as UTF-8 (its bytes did not decode in this locale), which MindSpore's graph "
+                              "compiler needs: set a UTF-8 locale (LC_ALL=C.UTF-8) or run from another directory") \
+                from None
 
 
 def import_held(*modules: str) -> None:

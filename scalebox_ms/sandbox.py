@@ -14,8 +14,9 @@ CPU MindSpore ignores memory settings, so the Sandbox watches this process's res
 (:meth:`check_memory`, called by the trainer every iteration: exceeding the limit stops training with an error
 after the last checkpoint) and, with isolation, puts an address-space limit (``RLIMIT_AS``) on env workers.
 
-Isolation: ``'none'`` runs envs in this process; ``'process'`` runs each env in a worker process
-(:class:`scalebox_ms.envs.isolated.IsolatedVectorEnv`): a crashed or hung worker is restarted, its episode
+Isolation (a trainer's envs follow its config's ``sandbox`` section; a Sandbox given to it must not say otherwise,
+:meth:`Sandbox.check_env_isolation`): ``'none'`` runs envs in this process; ``'process'`` runs each env in a worker
+process (:class:`scalebox_ms.envs.isolated.IsolatedVectorEnv`): a crashed or hung worker is restarted, its episode
 marked truncated and the event logged; ``'strict'`` adds ``worker_memory_limit`` per worker and forces
 deterministic kernels. Workers are spawned (fresh interpreters inheriting no file descriptors but their pipe).
 Every run directory records package versions and the config hash (``environment.json``).
@@ -112,6 +113,7 @@ class Sandbox:
         seed = checked_section("run", seed=seed).seed
         device, threads, device_id, isolation_level = cfg.device, cfg.threads, cfg.device_id, cfg.isolation_level
         self.isolation_level = isolation_level
+        self._section = cfg  # (its env isolation settings: check_env_isolation)
         self.memory_limit_bytes = parse_bytes(cfg.memory_limit, "sandbox.memory_limit")
         self.worker_memory_limit_bytes = (parse_bytes(cfg.worker_memory_limit, "sandbox.worker_memory_limit")
                                           if isolation_level == "strict" else None)
@@ -180,17 +182,33 @@ class Sandbox:
 
     def check_env_isolation(self, sandbox_cfg) -> None:
         """A trainer's envs are isolated as its config says (``sandbox_cfg``: its ``sandbox`` section, which its
-        checkpoints record); this Sandbox's own isolation settings, where not the defaults, must be the same (a
+        checkpoints record). Each of this Sandbox's isolation settings that is not the default, and matters (the
+        step timeout under isolation, the worker memory limit under 'strict'), must be the config's: a
         ``Sandbox(isolation_level="process")`` isolated the envs of a config that said ``none``, and its checkpoints
-        said ``none``; with a native env, whose config refuses isolation, it was dropped silently)."""
-        mine, theirs = env_isolation(self), env_isolation(sandbox_cfg)
-        if mine == env_isolation(None) or mine == theirs:
-            return
-        keys = [key for key in mine if mine[key] != theirs[key]]
-        raise ConfigError(f"sandbox: this Sandbox has {', '.join(f'{k}={mine[k]!r}' for k in keys)}, the config's "
-                          f"sandbox section {', '.join(f'{k}={theirs[k]!r}' for k in keys)}: the envs are isolated as "
-                          "the config says (its checkpoints record it); set the config's sandbox keys, or build the "
-                          "Sandbox from them (Sandbox.from_config(config.sandbox, seed))")
+        said ``none``; with a native env, whose config refuses isolation, it was dropped silently. 'strict' in the
+        config needs this Sandbox's deterministic kernels, which a Sandbox built as 'strict' forces."""
+        from .config import SandboxConfig, parse_bytes
+
+        def value(section, key):
+            v = getattr(section, key)
+            if key == "worker_memory_limit" and v is not None:
+                return parse_bytes(v, "sandbox.worker_memory_limit")
+            return float(v) if key == "step_timeout" else v
+
+        mine, default = self._section, SandboxConfig()
+        levels = {mine.isolation_level, sandbox_cfg.isolation_level}
+        keys = (["isolation_level"] + (["step_timeout"] if levels != {"none"} else [])
+                + (["worker_memory_limit"] if "strict" in levels else []))
+        keys = [k for k in keys if value(mine, k) != value(default, k) and value(mine, k) != value(sandbox_cfg, k)]
+        if keys:
+            ours = ", ".join(f"{k}={getattr(mine, k)!r}" for k in keys)
+            theirs = ", ".join(f"{k}={getattr(sandbox_cfg, k)!r}" for k in keys)
+            raise ConfigError(f"sandbox: this Sandbox has {ours}, the config's sandbox section {theirs}: the envs are "
+                              "isolated as the config says (its checkpoints record it); set the config's sandbox keys, "
+                              "or build the Sandbox from them (Sandbox.from_config(config.sandbox, seed))")
+        if sandbox_cfg.isolation_level == "strict" and not self.deterministic:
+            raise ConfigError("sandbox: the config's sandbox.isolation_level 'strict' needs deterministic kernels, and "
+                              "this Sandbox has deterministic=False; build it with deterministic=True (or as 'strict')")
 
     @classmethod
     def from_config(cls, sandbox_cfg, seed: int) -> "Sandbox":
@@ -213,14 +231,9 @@ class Sandbox:
 
 def env_isolation(sandbox) -> dict:
     """``make_vec_env``'s isolation arguments (``isolation``, ``step_timeout``, ``worker_memory_limit`` in bytes) of a
-    config's ``sandbox`` section or a :class:`Sandbox` (None: the defaults)."""
+    config's ``sandbox`` section."""
     from .config import parse_bytes
 
-    if sandbox is None:
-        return {"isolation": "none", "step_timeout": 10.0, "worker_memory_limit": None}
-    if isinstance(sandbox, Sandbox):
-        return {"isolation": sandbox.isolation_level, "step_timeout": float(sandbox.step_timeout),
-                "worker_memory_limit": sandbox.worker_memory_limit_bytes}
     strict = sandbox.isolation_level == "strict"
     return {"isolation": sandbox.isolation_level, "step_timeout": float(sandbox.step_timeout),
             "worker_memory_limit": (parse_bytes(sandbox.worker_memory_limit, "sandbox.worker_memory_limit")

@@ -46,8 +46,13 @@ def test_a_missing_cpp_compiler_is_a_warning_naming_the_slower_fallback(tmp_path
 
 def test_a_kernel_cache_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch):
     """doctor said 'cxx ok' with a read-only HOME: every auto kernel then fell back to MindSpore's ops at each run."""
+    import scalebox_ms.doctor
+    import scalebox_ms.ops.custom.build
     from scalebox_ms.doctor import compiler_check
 
+    # (a working compiler, whether this machine has one or not: the cache is what is checked)
+    monkeypatch.setattr(scalebox_ms.ops.custom.build, "compiler_command", lambda: ["c++"])
+    monkeypatch.setattr(scalebox_ms.doctor, "_run", lambda cmd: "c++ (test) 1.0\n")
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("SCALEBOX_MS_CUSTOM_OPS_CACHE", str(tmp_path / "file" / "cache"))  # (even as root)
     check = compiler_check()

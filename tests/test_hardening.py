@@ -522,7 +522,7 @@ def test_the_step_an_env_error_names_counts_every_ranks_envs():
 
     cfg = small_config(env={"id": "nan_envs:NaNRewardCartPole-v0", "num_envs": 4, "kwargs": {"at": 4}},
                        parallel={"workers": 2})
-    c = RolloutCollector(cfg, None, np.random.default_rng(0), 2, rank=1)
+    c = RolloutCollector(cfg, np.random.default_rng(0), 2, rank=1)
     try:
         c.reset(seed=0)
         storage = RolloutStorage(4, 2, (4,), (), np.int32, np.float32)

@@ -441,7 +441,9 @@ def test_atari_preprocess_on_a_non_atari_env_is_one_line():
     ("cv2", None, r" \(opencv-python-headless is not installed\): pip install -e \"\.\[atari\]\""),
     ("ale_py", None, r" \(ale-py is not installed\): pip install -e \"\.\[atari\]\""),
     ("ale_py", "AttributeError('_ARRAY_API not found')",
-     r": ale-py is installed but its import fails \(AttributeError: _ARRAY_API not found\); reinstall it")])
+     r": ale-py is installed but its import fails \(AttributeError: _ARRAY_API not found\); reinstall it"),
+    ("cv2", "ImportError('libGL.so.1: cannot open shared object file', name='libGL')",  # (installed, a library not)
+     r": opencv-python-headless is installed but its import fails \(ImportError: libGL.so.1: ")])
 def test_a_missing_or_broken_atari_dependency_is_named_in_one_line(monkeypatch, tmp_path, module, raised, words):
     """Without OpenCV, gymnasium's own message advised pip install "gymnasium[other]" (not the project's extra); an
     ale-py whose import raised something else than ImportError was a traceback."""
@@ -456,6 +458,8 @@ def test_a_missing_or_broken_atari_dependency_is_named_in_one_line(monkeypatch, 
         monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match=r"^env.id: Atari envs need ale-py and opencv" + words):
         import_ale()
+    if module == "cv2":  # (only the screen preprocessing resizes with OpenCV: RAM observations need none)
+        import_ale("none")
 
 
 def test_a_missing_mujoco_names_the_project_extra(monkeypatch):

@@ -54,7 +54,7 @@ def test_restart_warnings_number_envs_as_the_run_does_under_data_parallelism(cap
 
     cfg = small_config(env={"id": "faulty_envs:CrashingCartPole-v0", "num_envs": 4}, parallel={"workers": 2},
                        sandbox={"isolation_level": "process"})
-    c = RolloutCollector(cfg, cfg.sandbox, np.random.default_rng(0), 2, rank=1)
+    c = RolloutCollector(cfg, np.random.default_rng(0), 2, rank=1)
     try:
         with caplog.at_level("WARNING", logger="scalebox_ms"):
             drive(c.env, steps=6)

@@ -30,16 +30,29 @@ def test_the_envs_are_isolated_as_the_config_says_and_a_sandbox_that_differs_is_
             tr.close()
     with Sandbox(device="cpu", seed=0, isolation_level="process") as sb:
         for cfg in (small_config(), small_config(env={"id": "CartPole-v1", "backend": "native"})):
-            with pytest.raises(ConfigError, match=r"^sandbox: this Sandbox has isolation='process', the config's "
-                                                  r"sandbox section isolation='none': the envs are isolated as the "
-                                                  r"config says"):
+            with pytest.raises(ConfigError, match=r"^sandbox: this Sandbox has isolation_level='process', the "
+                                                  r"config's sandbox section isolation_level='none': the envs are "
+                                                  r"isolated as the config says"):
                 PPOTrainer(cfg, sandbox=sb)
         tr = PPOTrainer(isolated, sandbox=sb)  # (the two agree)
         tr.close()
     with Sandbox(device="cpu", seed=0, isolation_level="process", step_timeout=3.0) as sb:
         with pytest.raises(ConfigError, match=r"this Sandbox has step_timeout=3.0, the config's sandbox section "
-                                              r"step_timeout=10.0"):
+                                              r"step_timeout=10.0: "):
             PPOTrainer(isolated, sandbox=sb)
+    # only what the Sandbox sets, and what matters, is compared: its default step timeout against the config's 30 s,
+    # a timeout without isolation on either side
+    with Sandbox(device="cpu", seed=0, isolation_level="process") as sb:
+        PPOTrainer(small_config(sandbox={"isolation_level": "process", "step_timeout": 30.0}), sandbox=sb).close()
+    with Sandbox(device="cpu", seed=0, step_timeout=5.0) as sb:
+        PPOTrainer(small_config(), sandbox=sb).close()
+    # (deterministic kernels are process-wide: a second Sandbox with deterministic=False conflicts with the first,
+    # so the check is called as a trainer calls it)
+    with pytest.raises(ConfigError, match=r"^sandbox: the config's sandbox.isolation_level 'strict' needs "
+                                          r"deterministic kernels, and this Sandbox has deterministic=False"):
+        sb = Sandbox.__new__(Sandbox)
+        sb._section, sb.deterministic = Sandbox(device="cpu", seed=0)._section, False
+        sb.check_env_isolation(small_config(sandbox={"isolation_level": "strict"}).sandbox)
 
 
 def test_learn_refuses_a_total_steps_beyond_64_bits_before_training(tmp_path):

@@ -118,14 +118,20 @@ def wrap(env, preprocess: str, evaluation: bool = False):
     return env
 
 
-def import_ale() -> None:
-    """ale-py registers the ``ALE/`` ids with gymnasium when imported; gymnasium's resize wrapper needs OpenCV."""
+def import_ale(preprocess: str = "atari") -> None:
+    """ale-py registers the ``ALE/`` ids with gymnasium when imported; gymnasium's resize wrapper of the Atari
+    preprocessing (``preprocess`` 'atari') needs OpenCV."""
     from ..errors import ConfigError, first_line
 
-    for module, package in (("ale_py", "ale-py"), ("cv2", "opencv-python-headless")):
+    needs = (("ale_py", "ale-py"),) + ((("cv2", "opencv-python-headless"),) if preprocess == "atari" else ())
+    for module, package in needs:
         try:
             __import__(module)
-        except ImportError:
+        except ImportError as exc:
+            if exc.name != module:  # (installed, but something it imports is missing: OpenCV's libGL.so.1)
+                raise ConfigError(f"env.id: Atari envs need ale-py and opencv: {package} is installed but its import "
+                                  f"fails ({type(exc).__name__}: {first_line(exc)}); pip install -e \".[atari]\"") \
+                    from None
             raise ConfigError(f"env.id: Atari envs need ale-py and opencv ({package} is not installed): "
                               "pip install -e \".[atari]\"") from None
         except Exception as exc:  # (installed but broken: a numpy it was not built for)

@@ -42,7 +42,10 @@ DEFAULT_THREADS = 0
 def _envpool():
     try:
         import envpool
-    except ImportError:
+    except ImportError as exc:
+        if exc.name != "envpool":  # (installed, but something it imports is missing)
+            raise ConfigError(f"env.backend: envpool is installed but its import fails ({type(exc).__name__}: "
+                              f"{first_line(exc)}); reinstall it: pip install -e \".[envpool]\"") from None
         raise ConfigError("env.backend: envpool needs the optional extra: pip install -e \".[envpool]\" "
                           "(envpool 1.2.x)") from None
     except Exception as exc:  # (installed but broken: a protobuf or numpy it was not built for)

@@ -92,7 +92,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
             # sys.exit(0) in it ended train with exit 0 and nothing trained)
             raise ConfigError(f"env.id: {short_repr(env_id)}: importing {module!r} raised {_raised(exc)}") from None
     if ale:
-        atari.import_ale()
+        atari.import_ale(preprocess)
     try:
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:

@@ -55,7 +55,7 @@ def _worker(conn, env_id: str, kwargs: dict, memory_limit: Optional[int], wrap=(
         from . import atari
 
         if atari.is_atari(env_id):
-            atari.import_ale()
+            atari.import_ale(wrap[0])
         env = atari.wrap(gym.make(env_id, **kwargs), *wrap)
         while True:
             cmd, arg = conn.recv()

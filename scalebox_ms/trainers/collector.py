@@ -26,8 +26,7 @@ from ..errors import ScaleboxError, TrainingError, first_line, user_code_origin
 class RolloutCollector:
     """Collect rollouts of ``num_envs`` envs (this process's share) into a :class:`RolloutStorage`."""
 
-    def __init__(self, config, sandbox, rng: np.random.Generator, num_envs: int, rank: int = 0,
-                 reducer=None):
+    def __init__(self, config, rng: np.random.Generator, num_envs: int, rank: int = 0, reducer=None):
         from ..envs import ObsNormalizer, RewardScaler, make_vec_env, space_spec
         from ..envs.obs_encoding import ObsEncoder
 

@@ -101,7 +101,7 @@ class Trainer:
         # stream of the seed (PCG64([seed, stream])), independent of the envs' own generators
         seed = self.config.run.seed
         rng = np.random.Generator(np.random.PCG64(seed if stream is None else [seed, stream]).jumped(rank))
-        self.collector = RolloutCollector(self.config, self.sandbox, rng, num_envs, rank=rank, reducer=reducer)
+        self.collector = RolloutCollector(self.config, rng, num_envs, rank=rank, reducer=reducer)
         self.spec = self.collector.spec
         p = self.config.policy  # (a layer of 10**12 units: numpy's MemoryError traceback, 14.6 TiB, while building)
         check_fits("policy.pi_layers/vf_layers", f"a policy of {p.pi_layers} and a value net of {p.vf_layers}",

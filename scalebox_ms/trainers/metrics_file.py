@@ -72,7 +72,8 @@ def plot_learning_curve(metrics_csv: str, out_png: str, title: str, log=None) ->
         if log is None:
             raise
         log(f"warning: {exc.filename or out_png}: {exc.strerror or exc}: the learning curve was not written")
-    except ImportError as exc:  # (a broken matplotlib install: the run's own files are written all the same)
+    except (ImportError, AttributeError, RuntimeError) as exc:  # (a missing or broken matplotlib, e.g. built
+        # for another numpy: the run's own files are written all the same)
         if log is None:
             raise
         log(f"warning: matplotlib cannot be imported ({type(exc).__name__}: {exc}): the learning curve was not "

@@ -70,15 +70,14 @@ class ProgressBar(Callback):
         self.total, self.bar = total, None
         try:
             from tqdm import tqdm
-        except ImportError as exc:
+        except Exception as exc:  # (missing, or broken)
             log(f"warning: tqdm cannot be imported ({type(exc).__name__}: {exc}): no progress bar; pip install tqdm")
             tqdm = None
         self.tqdm = tqdm
 
     def on_training_start(self, trainer):
-        if self.tqdm is not None:
-            self.bar = self.tqdm(total=self.total, initial=trainer.global_step, unit="step", unit_scale=True,
-                                 dynamic_ncols=True, file=sys.stderr, desc=trainer.config.env.id)
+        self.bar = self.tqdm and self.tqdm(total=self.total, initial=trainer.global_step, unit="step", unit_scale=True,
+                                           dynamic_ncols=True, file=sys.stderr, desc=trainer.config.env.id)
 
     def on_iteration_end(self, trainer, metrics):
         if self.bar is None:
@@ -136,19 +135,20 @@ class ProfileIterations(Callback):
 
 
 def environment_record(cfg: Config, trainer) -> dict:
-    """What a reproduction needs: package versions, platform, config hash and the sandbox in force."""
+    """What a reproduction needs: package versions, platform, config hash, the sandbox and the envs' isolation."""
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
     def v(name):
         try:
             return version(name)
-        except PackageNotFoundError:
+        except PackageNotFoundError:  # (a source tree on PYTHONPATH)
             return None
 
     return {"python": platform.python_version(), "platform": platform.platform(),
             "packages": {n: v(n) for n in ("scalebox_ms", "mindspore", "numpy", "gymnasium", "pyyaml")},
-            "config_sha256": cfg.hash(), "sandbox": repr(trainer.sandbox)}
+            "config_sha256": cfg.hash(), "sandbox": repr(trainer.sandbox),
+            "isolation_level": cfg.sandbox.isolation_level}  # (the config's, whatever a given Sandbox says)
 
 
 def _mean_or_nan(values) -> float:
