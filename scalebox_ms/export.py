@@ -156,9 +156,13 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
         with sigint_held(), builtin_patches(cell), _nameable(directory, tmp_name) as file_name:
             # (MindSpore ops only: an aot kernel's library does not travel with the file)
             ms.export(cell, *inputs, file_name=file_name, file_format="MINDIR")
-        if os.path.exists(sidecar_path(output)):  # an export stopped between the two files leaves no stale pair
+        with contextlib.suppress(FileNotFoundError):  # an export stopped between the two files leaves no stale pair
             os.unlink(sidecar_path(output))
         os.chmod(tmp_prefix + ".mindir", 0o666 & ~umask())  # (MindSpore writes 0400: unreadable to a service user)
+        # (the graph's size and hash before it is moved: another export to the same output may replace it before the
+        # sidecar is written, and a sidecar hashing whatever is at output then vouched for the other graph)
+        graph = {"file_bytes": os.path.getsize(tmp_prefix + ".mindir"),
+                 "file_sha256": sha256_file(tmp_prefix + ".mindir")}
         os.replace(tmp_prefix + ".mindir", output)
     except OSError as exc:  # (makedirs under a file raises "File exists": say what is wrong)
         reason = "Not a directory" if isinstance(exc, FileExistsError) and not os.path.isdir(directory) else \
@@ -170,7 +174,7 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
                 os.unlink(leftover)
         shutil.rmtree(tmp_prefix + "_variables", ignore_errors=True)
     try:  # the sidecar, or no file at all: a .mindir without it cannot be run (MindIRPolicy needs the sidecar)
-        sidecar = _sidecar(trainer, output, encoder, spec, quant_info, source)
+        sidecar = _sidecar(trainer, graph, encoder, spec, quant_info, source)
         atomic_write_json(sidecar_path(output), sidecar)
     except BaseException as exc:
         if os.path.exists(output):
@@ -237,8 +241,8 @@ def _nameable(directory: str, name: str):
             os.chdir(before)
 
 
-def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:
-    """What an exported file's sidecar records (``output`` is the written .mindir)."""
+def _sidecar(trainer, graph: dict, encoder, spec, quant_info, source) -> dict:
+    """What an exported file's sidecar records (``graph``: the written .mindir's ``file_bytes`` and ``file_sha256``)."""
     import mindspore as ms
 
     from . import __version__
@@ -274,8 +278,7 @@ def _sidecar(trainer, output: str, encoder, spec, quant_info, source) -> dict:
         "source_checkpoint": source,
         "scalebox_ms_version": __version__,
         "mindspore_version": ms.__version__,
-        "file_bytes": os.path.getsize(output),
-        "file_sha256": sha256_file(output),
+        **graph,
     }
     sidecar["sidecar_sha256"] = sidecar_digest(sidecar)  # (MindIRPolicy refuses an edited sidecar)
     return sidecar

@@ -394,6 +394,29 @@ def test_a_sidecar_describing_another_graph_is_a_one_line_error(cartpole, tmp_pa
 
 
 @pytest.mark.integration
+def test_a_graph_replaced_before_its_sidecar_is_written_is_not_vouched_for(cartpole, tmp_path, monkeypatch):
+    """Two exports to one output: the second's graph replaced the first's between the first's graph and sidecar,
+    and the first's sidecar, hashing whatever was at the output, vouched for the other graph (both exited 0)."""
+    import hashlib
+
+    import scalebox_ms.export as export
+    from scalebox_ms.export import MindIRPolicy
+
+    out = tmp_path / "p.mindir"
+    real_replace = os.replace
+
+    def replaced_by_another_export(src, dst):
+        real_replace(src, dst)
+        if str(dst) == str(out):
+            out.write_bytes(b"another export's graph")
+
+    monkeypatch.setattr(export.os, "replace", replaced_by_another_export)
+    sidecar = export.export_mindir(cartpole, str(out))
+    assert sidecar["file_sha256"] != hashlib.sha256(out.read_bytes()).hexdigest()  # (this export's own graph)
+    with pytest.raises(ConfigError, match=r"p.mindir: not the file its sidecar p.mindir.json describes"):
+        MindIRPolicy(str(out))
+
+
 def test_an_export_whose_sidecar_cannot_be_written_leaves_nothing(cartpole, tmp_path, monkeypatch):
     """A full disk at the sidecar used to leave the .mindir alone, which evaluate --mindir then refused."""
     import errno

@@ -77,6 +77,21 @@ def test_corrupt_latest_sidecar_names_the_newest_intact_one_and_checkpoint_resum
     assert no_temporaries(run_copy)
 
 
+def test_a_resume_removes_trains_own_temporaries_but_not_a_running_exports(run_copy):
+    """export writes into the run directory without train's lock: a resume deleted a running export's temporary
+    graph file (the export then failed: cannot write)."""
+    live = os.path.join(run_copy, f".tmp-export-{os.getpid()}-a1b2c3d4.mindir")  # (this process: running)
+    dead = os.path.join(run_copy, ".tmp-export-999999999-deadbeef.mindir")  # (no such process)
+    sidecar = os.path.join(run_copy, ".tmp-policy.mindir.json-x1y2.json")  # (an export's sidecar being written)
+    own = os.path.join(run_copy, ".tmp-summary.json-k1ll.json")  # (train killed while writing its summary)
+    for path in (live, dead, sidecar, own):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 10)
+    train_run(resume=run_copy, until=256, log=quiet)
+    assert os.path.exists(live) and os.path.exists(sidecar)
+    assert not os.path.exists(dead) and not os.path.exists(own)
+
+
 def test_a_run_without_an_intact_checkpoint_says_how_to_start_again_from_its_config(run_copy, tmp_path):
     """It said "start a new run", and starting one into the same directory was refused (it exists): the user was
     sent back and forth between the two commands."""

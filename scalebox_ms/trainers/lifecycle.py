@@ -95,15 +95,28 @@ def discard_newer(run_dir: str, step: int, log) -> None:
     log(f"moved the later checkpoint(s) {', '.join(sorted({name for _, name in later}))} to {target}")
 
 
+#: the files ``train`` writes atomically in a run directory (their temporaries: ``.tmp-<name>-*``)
+RUN_FILES = ("config.yaml", "metrics.csv", "summary.json", "environment.json", "learning_curve.png")
+
+
 def remove_stale_temporaries(run_dir: str, log=None) -> None:
-    """Delete the ``.tmp-*`` files a killed writer left, and the files of checkpoints without their sidecar (a
+    """Delete the ``.tmp-*`` files a killed train left, and the files of checkpoints without their sidecar (a
     process killed between a checkpoint's files, or while pruning one, sidecar first: never a checkpoint, and an
     off-policy one's replay file may be gigabytes; only the run's own names, ``ckpt_<12 digits>``, are looked at,
-    and ``log`` names them). Call with the run's lock held: no writer is active."""
+    and ``log`` names them). Call with the run's lock held: no other train is active. ``export`` writes into the
+    run directory without that lock: its temporaries (``.tmp-export-<pid>-*``, ``.tmp-<output>.json-*``) are not
+    train's, and only those of an export process that is gone are removed (a resume deleted a running export's
+    file, which then failed)."""
     from .checkpoint import AUTO_NAME, EXTENSIONS
 
     ckpt_dir = os.path.join(run_dir, "checkpoints")
-    stale = [path for d in (run_dir, ckpt_dir) for path in glob.glob(os.path.join(glob.escape(d), ".tmp-*"))]
+    stale = glob.glob(os.path.join(glob.escape(ckpt_dir), ".tmp-*"))
+    for name in RUN_FILES:
+        stale += glob.glob(os.path.join(glob.escape(run_dir), glob.escape(f".tmp-{name}-") + "*"))
+    for path in glob.glob(os.path.join(glob.escape(run_dir), ".tmp-export-*")):
+        pid = os.path.basename(path).split("-")[2]
+        if pid.isdigit() and not _running(int(pid)):
+            stale.append(path)
     orphans = []
     for path in glob.glob(os.path.join(glob.escape(ckpt_dir), "ckpt_*")):
         name = os.path.basename(path)
@@ -119,6 +132,16 @@ def remove_stale_temporaries(run_dir: str, log=None) -> None:
             os.unlink(path)
         except OSError:
             pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's: alive)
+        return True
+    return True
 
 
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:
