@@ -90,6 +90,32 @@ def test_pool_settings_in_env_kwargs_are_refused(key, value):
         make_vec_env("CartPole-v1", 4, {key: value}, backend="envpool", preprocess="auto")
 
 
+@pytest.mark.parametrize("limit", [0, -2, 2.5, True, "10"])
+def test_a_max_episode_steps_gymnasium_refuses_is_refused(limit):
+    """0 or -2 made EnvPool truncate every other step, silently (the gymnasium backend refuses them)."""
+    from scalebox_ms.envs import make_vec_env
+
+    with pytest.raises(ConfigError, match=r"^env.kwargs.max_episode_steps: must be a whole number in \[1, 2147483647\] "
+                                          r"\(or -1: no limit, null: the env's own\), got "):
+        make_vec_env("CartPole-v1", 2, {"max_episode_steps": limit}, backend="envpool")
+
+
+def test_max_episode_steps_null_is_the_envs_own_limit():
+    """null is gym.make's "the registered limit"; EnvPool refused it (incompatible constructor arguments)."""
+    from scalebox_ms.envs import make_vec_env
+
+    env = make_vec_env("Pendulum-v1", 1, {"max_episode_steps": None}, backend="envpool")
+    try:
+        env.reset(seed=0)
+        for step in range(1, 300):  # (Pendulum never terminates: cut by its own 200 steps)
+            _, _, terminated, truncated, _ = env.step(np.zeros((1, 1), np.float32))
+            if terminated.any() or truncated.any():
+                break
+        assert step == 200 and truncated.all() and not terminated.any()
+    finally:
+        env.close()
+
+
 def test_max_episode_steps_minus_one_means_no_limit_as_in_gymnasium():
     """EnvPool took -1 as a limit: every other step truncated."""
     from scalebox_ms.envs import make_vec_env

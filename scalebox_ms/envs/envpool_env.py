@@ -139,8 +139,15 @@ class EnvPoolVectorEnv:
 
             check_kwargs(self.kwargs)
         self._options = {**(ATARI_TRAINING if self.atari else {}), **self.kwargs}
-        if self._options.get("max_episode_steps") == -1:  # (gymnasium's "no TimeLimit"; EnvPool cut every 2nd step)
+        limit = self._options.get("max_episode_steps")
+        if limit is None:  # (null: the registered limit, as gym.make takes it; EnvPool's own default)
+            self._options.pop("max_episode_steps", None)
+        elif limit == -1 and not isinstance(limit, bool):  # (gymnasium's "no TimeLimit"; EnvPool cut every 2nd step)
             self._options["max_episode_steps"] = INT32_SEEDS - 1
+        elif isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or not 1 <= limit < INT32_SEEDS:
+            # (0 or -2: EnvPool truncated every other step, silently; gymnasium refuses them)
+            raise ConfigError(f"env.kwargs.max_episode_steps: must be a whole number in [1, {INT32_SEEDS - 1}] (or -1: "
+                              f"no limit, null: the env's own), got {short_repr(limit)}")
         from .native import SUPPORTED
 
         # classic control: the termination rule on the observation, for episodes that end on their last step
