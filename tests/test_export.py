@@ -393,7 +393,6 @@ def test_a_sidecar_describing_another_graph_is_a_one_line_error(cartpole, tmp_pa
     assert sorted(os.listdir(tmp_path)) == ["a.mindir", "a.mindir.json", "d.mindir.json"]
 
 
-@pytest.mark.integration
 def test_a_graph_replaced_before_its_sidecar_is_written_is_not_vouched_for(cartpole, tmp_path, monkeypatch):
     """Two exports to one output: the second's graph replaced the first's between the first's graph and sidecar,
     and the first's sidecar, hashing whatever was at the output, vouched for the other graph (both exited 0)."""
@@ -417,6 +416,7 @@ def test_a_graph_replaced_before_its_sidecar_is_written_is_not_vouched_for(cartp
         MindIRPolicy(str(out))
 
 
+@pytest.mark.integration
 def test_an_export_whose_sidecar_cannot_be_written_leaves_nothing(cartpole, tmp_path, monkeypatch):
     """A full disk at the sidecar used to leave the .mindir alone, which evaluate --mindir then refused."""
     import errno

@@ -84,12 +84,14 @@ def test_a_resume_removes_trains_own_temporaries_but_not_a_running_exports(run_c
     dead = os.path.join(run_copy, ".tmp-export-999999999-deadbeef.mindir")  # (no such process)
     sidecar = os.path.join(run_copy, ".tmp-policy.mindir.json-x1y2.json")  # (an export's sidecar being written)
     own = os.path.join(run_copy, ".tmp-summary.json-k1ll.json")  # (train killed while writing its summary)
-    for path in (live, dead, sidecar, own):
+    odd = [os.path.join(run_copy, f".tmp-export-{pid}-x.mindir") for pid in ("\u00b2", "2147483648000", "x")]
+    for path in (live, dead, sidecar, own, *odd):
         with open(path, "wb") as f:
             f.write(b"\0" * 10)
     train_run(resume=run_copy, until=256, log=quiet)
     assert os.path.exists(live) and os.path.exists(sidecar)
     assert not os.path.exists(dead) and not os.path.exists(own)
+    assert all(os.path.exists(path) for path in odd)  # (not an export's name: left alone, no traceback)
 
 
 def test_a_run_without_an_intact_checkpoint_says_how_to_start_again_from_its_config(run_copy, tmp_path):

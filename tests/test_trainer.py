@@ -324,9 +324,9 @@ def test_evaluation_episodes_of_an_env_without_a_step_limit_end(caplog, monkeypa
     assert balance == [500.0, 500.0]  # a policy that balances is still cut by CartPole's own 500-step limit
     caplog.clear()  # null is gym.make's "the registered limit": it was taken for none (10,000-step evaluations)
     with caplog.at_level(logging.INFO, logger="scalebox_ms"):
-        balance = run_episodes("CartPole-v1", {"max_episode_steps": None},
-                               lambda obs: (obs[:, 2] + obs[:, 3] > 0).astype(np.int64), episodes=1)
-    assert balance == [500.0] and "step limit" not in caplog.text
+        balance = run_episodes("CartPole-v1", {"max_episode_steps": None},  # (4 envs: CartPoleVectorEnv)
+                               lambda obs: (obs[:, 2] + obs[:, 3] > 0).astype(np.int64), episodes=4)
+    assert balance == [500.0] * 4 and "step limit" not in caplog.text
     caplog.clear()  # (CartPole has a limit of its own: -1 took it away, it is not "registered without" one)
     with caplog.at_level(logging.INFO, logger="scalebox_ms"):
         run_episodes("CartPole-v1", {"max_episode_steps": -1}, lambda obs: np.zeros(len(obs), np.int64), episodes=1)

@@ -78,6 +78,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     if ale:
         atari.check_kwargs(given)
     kwargs = atari.make_kwargs(preprocess, given)
+    if "max_episode_steps" in kwargs and kwargs["max_episode_steps"] is None:  # (null: the registered limit, as for
+        del kwargs["max_episode_steps"]  # gym.make; CartPoleVectorEnv compared its step counts with None)
     wrap = (preprocess, evaluation)
     registered_id = env_id
     if ":" in env_id:  # gymnasium's "module:Env-v0": import the module that registers the env
@@ -97,10 +99,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: unknown environment {short_repr(env_id)} ({first_line(exc)})") from None
-    # (env.kwargs.max_episode_steps -1: gymnasium's "no TimeLimit", as for an env registered without one; null: the
-    # registered limit, as gym.make takes it)
-    limit = kwargs.get("max_episode_steps")
-    unlimited = (spec.max_episode_steps if limit is None else limit) in (None, -1)
+    # (env.kwargs.max_episode_steps -1: gymnasium's "no TimeLimit", as for an env registered without one)
+    unlimited = kwargs.get("max_episode_steps", spec.max_episode_steps) in (None, -1)
     if evaluation and unlimited and not ale:  # (ALE cuts its games itself: max_num_frames_per_episode)
         removed = kwargs.get("max_episode_steps") == -1
         kwargs["max_episode_steps"] = EVAL_MAX_EPISODE_STEPS

@@ -104,18 +104,20 @@ def remove_stale_temporaries(run_dir: str, log=None) -> None:
     process killed between a checkpoint's files, or while pruning one, sidecar first: never a checkpoint, and an
     off-policy one's replay file may be gigabytes; only the run's own names, ``ckpt_<12 digits>``, are looked at,
     and ``log`` names them). Call with the run's lock held: no other train is active. ``export`` writes into the
-    run directory without that lock: its temporaries (``.tmp-export-<pid>-*``, ``.tmp-<output>.json-*``) are not
-    train's, and only those of an export process that is gone are removed (a resume deleted a running export's
-    file, which then failed)."""
+    run directory without that lock: its graph's temporaries (``.tmp-export-<pid>-*``) are removed only once that
+    process is gone (a resume deleted a running export's file, which then failed), its sidecar's (a few kB, no pid
+    in the name) never."""
     from .checkpoint import AUTO_NAME, EXTENSIONS
 
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     stale = glob.glob(os.path.join(glob.escape(ckpt_dir), ".tmp-*"))
     for name in RUN_FILES:
         stale += glob.glob(os.path.join(glob.escape(run_dir), glob.escape(f".tmp-{name}-") + "*"))
+    from ..runlock import _running
+
     for path in glob.glob(os.path.join(glob.escape(run_dir), ".tmp-export-*")):
-        pid = os.path.basename(path).split("-")[2]
-        if pid.isdigit() and not _running(int(pid)):
+        pid = re.fullmatch(r"\.tmp-export-([0-9]{1,9})-.*", os.path.basename(path), re.ASCII | re.DOTALL)
+        if pid and not _running(int(pid.group(1))):
             stale.append(path)
     orphans = []
     for path in glob.glob(os.path.join(glob.escape(ckpt_dir), "ckpt_*")):
@@ -132,16 +134,6 @@ def remove_stale_temporaries(run_dir: str, log=None) -> None:
             os.unlink(path)
         except OSError:
             pass
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # (another user's: alive)
-        return True
-    return True
 
 
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:

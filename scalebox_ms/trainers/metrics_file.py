@@ -67,17 +67,22 @@ def plot_learning_curve(metrics_csv: str, out_png: str, title: str, log=None) ->
     checkpoint is written is not failed for its plot (a learning_curve.png that was a directory ended a completed run
     with exit 2 and no summary)."""
     try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except Exception as exc:  # (a missing or broken matplotlib, e.g. built for another numpy: the run's own files
+        if log is None:  # are written all the same)
+            raise
+        log(f"warning: matplotlib cannot be imported ({type(exc).__name__}: {exc}): the learning curve was not "
+            "written; pip install matplotlib")
+        return
+    try:
         _plot(metrics_csv, out_png, title)
     except OSError as exc:
         if log is None:
             raise
         log(f"warning: {exc.filename or out_png}: {exc.strerror or exc}: the learning curve was not written")
-    except (ImportError, AttributeError, RuntimeError) as exc:  # (a missing or broken matplotlib, e.g. built
-        # for another numpy: the run's own files are written all the same)
-        if log is None:
-            raise
-        log(f"warning: matplotlib cannot be imported ({type(exc).__name__}: {exc}): the learning curve was not "
-            "written; pip install matplotlib")
 
 
 def _plot(metrics_csv: str, out_png: str, title: str) -> None:
