@@ -790,6 +790,24 @@ def test_a_write_that_fails_names_its_file(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
+def test_a_metrics_file_removed_while_training_starts_again_with_a_warning(tmp_path, caplog):
+    """Rows went into the deleted file's open handle, silently lost to the end of the run."""
+    import logging
+    from types import SimpleNamespace
+
+    path = tmp_path / "metrics.csv"
+    writer = MetricsWriter(str(path))
+    trainer = SimpleNamespace(log=logging.getLogger("scalebox_ms"))
+    writer.on_iteration_end(trainer, {"iteration": 1, "global_step": 64})
+    os.remove(path)
+    with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+        writer.on_iteration_end(trainer, {"iteration": 2, "global_step": 128})
+    writer.close()
+    rows = list(csv.DictReader(open(path)))
+    assert [r["global_step"] for r in rows] == ["128"]
+    assert f"warning: {path} was removed while training: a new one starts at step 128" in caplog.text
+
+
 def test_an_abort_between_the_checkpoint_files_leaves_no_half_checkpoint(tmp_path, monkeypatch):
     """A second signal (abort at once) while a checkpoint's files are written used to leave its .ckpt/.env.pkl
     without a sidecar (only OSError cleaned up)."""

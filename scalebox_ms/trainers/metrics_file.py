@@ -38,8 +38,11 @@ class MetricsWriter(Callback):
     def __init__(self, path: str, columns=METRIC_COLUMNS):
         self.path = path
         self.columns = list(columns)
-        new = not os.path.exists(path) or os.path.getsize(path) == 0
-        self._f = open(path, "a", newline="", encoding="utf-8")
+        self._open()
+
+    def _open(self):
+        new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        self._f = open(self.path, "a", newline="", encoding="utf-8")
         self._w = csv.DictWriter(self._f, fieldnames=self.columns, extrasaction="ignore")
         if new:
             self._w.writeheader()
@@ -47,6 +50,11 @@ class MetricsWriter(Callback):
 
     def on_iteration_end(self, trainer, metrics):
         with errors_named(self.path):
+            if os.fstat(self._f.fileno()).st_nlink == 0:  # (deleted while training: its rows went nowhere, silently)
+                self._f.close()
+                self._open()
+                trainer.log.warning(f"warning: {self.path} was removed while training: a new one starts at step "
+                                    f"{metrics.get('global_step')} (the rows before are gone)")
             self._w.writerow({k: _fmt(metrics.get(k)) for k in self.columns})
             self._f.flush()
 
