@@ -45,6 +45,25 @@ def first_line(exc: BaseException) -> str:
     return f"{line} ({_OPAQUE[line]})" if line in _OPAQUE else line
 
 
+def import_failure(module: str) -> str:
+    """Import ``module``: "" when it imports, else why not in words: "not installed", or "installed but its import
+    fails (<type>: <first line>)" for a package whose own import raises (built for another numpy) or misses a
+    library of its own (OpenCV's libGL.so.1), which reinstalling may mend."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        if exc.name == module:
+            return "not installed"
+        reason = exc
+    except Exception as exc:
+        reason = exc
+    else:
+        return ""
+    return f"installed but its import fails ({type(reason).__name__}: {first_line(reason)})"
+
+
 def short_repr(value, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters, with an ellipsis and the original length when cut.
 

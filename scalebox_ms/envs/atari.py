@@ -121,23 +121,17 @@ def wrap(env, preprocess: str, evaluation: bool = False):
 def import_ale(preprocess: str = "atari") -> None:
     """ale-py registers the ``ALE/`` ids with gymnasium when imported; gymnasium's resize wrapper of the Atari
     preprocessing (``preprocess`` 'atari') needs OpenCV."""
-    from ..errors import ConfigError, first_line
+    from ..errors import ConfigError, import_failure
 
     needs = (("ale_py", "ale-py"),) + ((("cv2", "opencv-python-headless"),) if preprocess == "atari" else ())
     for module, package in needs:
-        try:
-            __import__(module)
-        except ImportError as exc:
-            if exc.name != module:  # (installed, but something it imports is missing: OpenCV's libGL.so.1)
-                raise ConfigError(f"env.id: Atari envs need ale-py and opencv: {package} is installed but its import "
-                                  f"fails ({type(exc).__name__}: {first_line(exc)}); pip install -e \".[atari]\"") \
-                    from None
+        why = import_failure(module)
+        if why == "not installed":
             raise ConfigError(f"env.id: Atari envs need ale-py and opencv ({package} is not installed): "
-                              "pip install -e \".[atari]\"") from None
-        except Exception as exc:  # (installed but broken: a numpy it was not built for)
-            raise ConfigError(f"env.id: Atari envs need ale-py and opencv: {package} is installed but its import "
-                              f"fails ({type(exc).__name__}: {first_line(exc)}); reinstall it: "
-                              "pip install -e \".[atari]\"") from None
+                              "pip install -e \".[atari]\"")
+        if why:
+            raise ConfigError(f"env.id: Atari envs need ale-py and opencv: {package} is {why}; reinstall it: "
+                              "pip install -e \".[atari]\"")
 
 
 def _gym_wrapper():

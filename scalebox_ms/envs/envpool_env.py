@@ -33,24 +33,21 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import ConfigError, first_line, short_repr
+from ..errors import ConfigError, import_failure, short_repr
 
 #: threads EnvPool steps the envs with: 0 is EnvPool's own default (one per core, at most num_envs)
 DEFAULT_THREADS = 0
 
 
 def _envpool():
-    try:
-        import envpool
-    except ImportError as exc:
-        if exc.name != "envpool":  # (installed, but something it imports is missing)
-            raise ConfigError(f"env.backend: envpool is installed but its import fails ({type(exc).__name__}: "
-                              f"{first_line(exc)}); reinstall it: pip install -e \".[envpool]\"") from None
+    why = import_failure("envpool")
+    if why == "not installed":
         raise ConfigError("env.backend: envpool needs the optional extra: pip install -e \".[envpool]\" "
-                          "(envpool 1.2.x)") from None
-    except Exception as exc:  # (installed but broken: a protobuf or numpy it was not built for)
-        raise ConfigError(f"env.backend: envpool is installed but its import fails ({type(exc).__name__}: "
-                          f"{first_line(exc)}); reinstall it: pip install -e \".[envpool]\"") from None
+                          "(envpool 1.2.x)")
+    if why:  # (installed but broken: a protobuf or numpy it was not built for, a library of its own missing)
+        raise ConfigError(f"env.backend: envpool is {why}; reinstall it: pip install -e \".[envpool]\"")
+    import envpool
+
     return envpool
 
 
