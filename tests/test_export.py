@@ -341,7 +341,9 @@ def test_an_edited_sidecar_is_refused_in_one_line(cartpole, tmp_path, edit):
 
 def test_an_older_exports_sidecar_runs_with_a_warning_if_its_graph_checks_out(cartpole, tmp_path, caplog):
     """Sidecars before sidecar_sha256 (format v1) are still read when their file_sha256 matches the graph (a
-    deployed file may have outlived its run): with a warning that edits to it cannot be detected."""
+    deployed file may have outlived its run): with a warning that edits to it cannot be detected. v1 sidecars
+    written before file_sha256 (2026-12-05) were refused as 'not one of scalebox_ms.export': they are read when
+    the graph's size matches."""
     from scalebox_ms.export import MindIRPolicy, export_mindir, sidecar_path
 
     path = str(tmp_path / "a.mindir")
@@ -356,11 +358,18 @@ def test_an_older_exports_sidecar_runs_with_a_warning_if_its_graph_checks_out(ca
     with caplog.at_level("WARNING", logger="scalebox_ms.mindir"):
         assert MindIRPolicy(path)(obs).shape == (2,)
     assert "is of an older export (scalebox_ms.policy.mindir.v1, without its own SHA-256)" in caplog.text
-    for edit, words in [({"file_sha256": None}, r"is not one of scalebox_ms.export \(format "
-                                                 r"'scalebox_ms.policy.mindir.v1', not scalebox_ms.policy.mindir.v2\)"),
-                        ({"format": "mine"}, r"\(format 'mine', not scalebox_ms.policy.mindir.v2\); export again$")]:
+    oldest = {k: v for k, v in sc.items() if k != "file_sha256"}
+    with open(sidecar_path(path), "w") as f:
+        json.dump(oldest, f)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="scalebox_ms.mindir"):
+        assert MindIRPolicy(path)(obs).shape == (2,)
+    assert "(scalebox_ms.policy.mindir.v1, without its own or its graph's SHA-256)" in caplog.text
+    for edited, words in [({**sc, "file_sha256": "0" * 64}, "not the file its sidecar a.mindir.json describes"),
+                          ({**oldest, "file_bytes": sc["file_bytes"] + 1}, "not the file its sidecar a.mindir.json"),
+                          ({**sc, "format": "mine"}, r"\(format 'mine', not scalebox_ms.policy.mindir.v2\); export again$")]:
         with open(sidecar_path(path), "w") as f:
-            json.dump({**sc, **edit}, f)
+            json.dump(edited, f)
         with pytest.raises(ConfigError, match=words):
             MindIRPolicy(path)
 
