@@ -94,6 +94,56 @@ def test_a_resume_removes_trains_own_temporaries_but_not_a_running_exports(run_c
     assert all(os.path.exists(path) for path in odd)  # (not an export's name: left alone, no traceback)
 
 
+def test_each_resumed_session_is_recorded_in_environment_json(run_copy):
+    """environment.json was written by a run's first session only: a run continued by another version of the code
+    (or of MindSpore) looked like one trained by the first."""
+    import scalebox_ms
+
+    path = os.path.join(run_copy, "environment.json")
+    with open(path) as f:
+        first = json.load(f)
+    assert first["code"]["version"] == scalebox_ms.__version__ and "resumed" not in first
+    lines = []
+    train_run(resume=run_copy, log=lines.append)
+    train_run(resume=run_copy, log=lines.append)  # (the run is complete: a session all the same)
+    with open(path) as f:
+        record = json.load(f)
+    assert {k: v for k, v in record.items() if k != "resumed"} == first
+    assert [s["step"] for s in record["resumed"]] == [192, 256]
+    assert all(s["code"] == first["code"] and s["config_sha256"] == first["config_sha256"] for s in record["resumed"])
+    with open(path, "w") as f:
+        f.write("{torn")
+    train_run(resume=run_copy, log=lines.append)
+    assert f"warning: {path} was unreadable: it records this session only" in lines
+    with open(path) as f:
+        assert [s["step"] for s in json.load(f)["resumed"]] == [256]
+
+
+def test_the_code_record_names_the_checkout_it_runs_from(tmp_path):
+    """The version number did not change between commits whose training differs: a run from a git checkout records
+    its commit and whether tracked files were modified; a package that is not at a checkout's top records none."""
+    from scalebox_ms.trainers.lifecycle import code_record
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    pkg = tmp_path / "scalebox_ms"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "x")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert code_record(str(pkg))["git_commit"] == head and code_record(str(pkg))["git_modified"] is False
+    (pkg / "__init__.py").write_text("x = 1\n")
+    assert code_record(str(pkg))["git_modified"] is True
+    inner = pkg / "lib" / "site-packages" / "scalebox_ms"  # (an install inside some other checkout)
+    inner.mkdir(parents=True)
+    assert code_record(str(inner))["git_commit"] is None
+
+
 def test_a_run_without_an_intact_checkpoint_says_how_to_start_again_from_its_config(run_copy, tmp_path):
     """It said "start a new run", and starting one into the same directory was refused (it exists): the user was
     sent back and forth between the two commands."""

@@ -1,5 +1,6 @@
 """The parts of a run's life around training: which checkpoint a resume continues from, whether the run's config
-still matches it, and stopping cleanly on SIGINT/SIGTERM/SIGHUP."""
+still matches it, what code and packages each session ran (``environment.json``), and stopping cleanly on
+SIGINT/SIGTERM/SIGHUP."""
 from __future__ import annotations
 
 import csv
@@ -14,7 +15,7 @@ import threading
 from typing import Dict, List, Optional
 
 from ..errors import CheckpointError, ConfigError, Interrupted
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_json, atomic_write_text
 from .checkpoint import newest_intact, resolve_checkpoint, verify_checkpoint
 from .ppo import Callback
 
@@ -134,6 +135,68 @@ def remove_stale_temporaries(run_dir: str, log=None) -> None:
             os.unlink(path)
         except OSError:
             pass
+
+
+def code_record(package_dir: Optional[str] = None) -> dict:
+    """The scalebox_ms code that runs: its version, the directory it is imported from and, when that directory is at
+    the top of a git checkout (a clone installed with ``-e`` or put on PYTHONPATH), the commit and whether tracked
+    files differ from it (the version number alone does not tell two checkouts apart)."""
+    import subprocess
+
+    import scalebox_ms
+
+    package_dir = package_dir or os.path.dirname(os.path.abspath(scalebox_ms.__file__))
+    record = {"version": scalebox_ms.__version__, "path": package_dir, "git_commit": None, "git_modified": None}
+    root = os.path.dirname(package_dir)
+    if os.path.exists(os.path.join(root, ".git")):  # (not a site-packages inside some other checkout)
+        try:
+            def git(*args):
+                return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=10,
+                                      check=True).stdout.strip()
+
+            record["git_commit"] = git("rev-parse", "HEAD")
+            record["git_modified"] = bool(git("status", "--porcelain", "--untracked-files=no"))
+        except (OSError, subprocess.SubprocessError):  # (no git, a checkout git refuses to read, ...)
+            pass
+    return record
+
+
+def environment_record(cfg, trainer) -> dict:
+    """What a reproduction needs: the code and package versions, platform, config hash, the sandbox and the envs'
+    isolation, and when the session started."""
+    import platform
+    import time
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(name):
+        try:
+            return version(name)
+        except PackageNotFoundError:  # (a source tree on PYTHONPATH)
+            return None
+
+    return {"python": platform.python_version(), "platform": platform.platform(), "code": code_record(),
+            "packages": {n: v(n) for n in ("scalebox_ms", "mindspore", "numpy", "gymnasium", "pyyaml")},
+            "config_sha256": cfg.hash(), "sandbox": repr(trainer.sandbox),
+            "isolation_level": cfg.sandbox.isolation_level,  # (the config's, whatever a given Sandbox says)
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def record_session(run_dir: str, cfg, trainer, log) -> None:
+    """Add a resumed session to ``environment.json``'s ``resumed`` list (its step and :func:`environment_record`),
+    so that a run continued by another version of the code or its packages says so. A missing or damaged file is
+    written again with this session only (a warning)."""
+    path = os.path.join(run_dir, "environment.json")
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            record = json.load(f)
+        if not isinstance(record, dict) or not isinstance(record.get("resumed", []), list):
+            raise ValueError
+    except (OSError, ValueError) as exc:
+        why = "missing" if isinstance(exc, FileNotFoundError) else "unreadable"
+        log(f"warning: {path} was {why}: it records this session only")
+        record = {}
+    record.setdefault("resumed", []).append({"step": trainer.global_step, **environment_record(cfg, trainer)})
+    atomic_write_json(path, record)
 
 
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:

@@ -28,11 +28,12 @@ from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_json, atomic_write_text
 from .callbacks import EvalCallback, ProgressBeat, eval_seed
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
-from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, read_metrics, remove_stale_temporaries,
-                        select_checkpoint, truncate_metrics)
+from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, environment_record, read_metrics,
+                        record_session, remove_stale_temporaries, select_checkpoint, truncate_metrics)
 from .core import Callback
 from .metrics_file import (METRIC_COLUMNS, OFF_POLICY_COLUMNS, TIMING_COLUMNS, MetricsWriter,  # noqa: F401
                            plot_learning_curve)
+
 
 def peak_rss_mb() -> float:
     from ..sandbox import peak_rss_bytes
@@ -132,23 +133,6 @@ class ProfileIterations(Callback):
             os.dup2(saved, 1)
             os.close(saved)
         self.done = True
-
-
-def environment_record(cfg: Config, trainer) -> dict:
-    """What a reproduction needs: package versions, platform, config hash, the sandbox and the envs' isolation."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    def v(name):
-        try:
-            return version(name)
-        except PackageNotFoundError:  # (a source tree on PYTHONPATH)
-            return None
-
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "packages": {n: v(n) for n in ("scalebox_ms", "mindspore", "numpy", "gymnasium", "pyyaml")},
-            "config_sha256": cfg.hash(), "sandbox": repr(trainer.sandbox),
-            "isolation_level": cfg.sandbox.isolation_level}  # (the config's, whatever a given Sandbox says)
 
 
 def _mean_or_nan(values) -> float:
@@ -298,6 +282,7 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
                 remove_stale_temporaries(run_dir, log)
                 discard_newer(run_dir, trainer.global_step, log)
                 truncate_metrics(os.path.join(run_dir, "metrics.csv"), trainer.global_step, metrics)
+                record_session(run_dir, cfg, trainer, log)
                 log(f"resumed {run_dir} at step {trainer.global_step} from {os.path.basename(prefix)}")
                 if trainer.global_step >= cfg.run.total_steps:
                     log(f"the run is complete (run.total_steps {cfg.run.total_steps}): nothing to train; to train "
