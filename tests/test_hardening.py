@@ -86,6 +86,44 @@ def test_non_finite_env_output_stops_the_run_before_the_weights_change(env_id, w
     tr.close()
 
 
+def test_an_observation_beyond_float32_is_named_with_its_value():
+    """A finite float64 observation of -1e300 was reported as 'a non-finite observation (-inf)', its value once
+    cast to float32: the env never returned inf."""
+    from scalebox_ms.trainers import PPOTrainer
+
+    tr = PPOTrainer(small_config(env={"id": "nan_envs:HugeObsCartPole-v0", "num_envs": 4}))
+    with pytest.raises(TrainingError, match=r"returned an observation beyond float32's range \(-1e\+300\) at env "
+                                            r"index \d, step \d+"):
+        tr.learn()
+    tr.close()
+
+
+@pytest.mark.parametrize("offset, warned", [(1e8, True), (1e3, False)])
+def test_float64_observations_that_float32_rounds_away_are_a_warning(offset, warned, caplog):
+    """float64 observations near 1e8 that vary by ~1 reach the policy (and its normalisation) as float32, 8 apart
+    there: PPO trained on noise with exit 0 and no word (SB3's VecNormalize subtracts the mean in float64)."""
+    import logging
+
+    from scalebox_ms.trainers import PPOTrainer
+
+    cfg = small_config(env={"id": "nan_envs:OffsetObs-v0", "num_envs": 4, "kwargs": {"offset": offset},
+                            "normalize_obs": True}, run={"total_steps": 1024})
+    tr = PPOTrainer(cfg)
+    with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+        tr.learn(until=448)  # (the check takes the first 512 rows: 4 reset rows + 448 env steps are not enough)
+        assert not [r for r in caplog.records if "float32" in r.getMessage()]
+        tr.learn(until=576)
+    lines = [r.getMessage() for r in caplog.records if "float32" in r.getMessage()]
+    tr.close()
+    if not warned:
+        assert lines == []
+        return
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("warning: env 'nan_envs:OffsetObs-v0': observation column 0 (float64) holds values "
+                               "near 1e+08 that vary by 0.5")
+    assert "(3 such column(s))" in lines[0] and "subtract the offset in the env" in lines[0]
+
+
 def test_an_env_whose_close_raises_does_not_turn_a_finished_run_into_a_traceback(tmp_path, caplog):
     """train completed and wrote summary.json, then the env's close() error came out as a traceback, exit 1 (and
     hid a one-line step() error that had stopped the run): it is a logged warning now."""

@@ -109,6 +109,58 @@ class ObsNormalizer:
         self.clip, self.epsilon = float(state["clip"]), float(state["epsilon"])
 
 
+class Float32Resolution:
+    """Warns once when float32 rounds away what a float64 Box observation varies by, judged on its first ``ROWS``
+    rows: the policy and its exported graph take float32 observations, so values near 1e8 that vary by ~1 reach
+    the normalisation as a few float32 steps (8 apart there) and train on noise, silently. SB3's VecNormalize
+    subtracts the mean in float64 first; here the remedy is the env's (subtract the offset in a wrapper).
+
+    A column is flagged when the float32 cast moves some value by more than ``TOLERANCE`` of the column's
+    standard deviation, unless that deviation is float64 rounding noise (below ``NOISE`` of the values: MuJoCo's
+    Humanoid and Pusher have such columns) or 0 (a constant column loses nothing)."""
+
+    ROWS = 512
+    TOLERANCE = 0.01
+    NOISE = 1e-12
+
+    def __init__(self, encoder, space, env_id: str):
+        self.encoder, self.env_id = encoder, env_id
+        self.leaves = [leaf for leaf in encoder.leaves
+                       if leaf.kind == "box" and encoder._leaf_value(space, leaf).dtype == np.float64]
+        self._rows = [[] for _ in self.leaves]
+        self._count = 0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.leaves) and self._count < self.ROWS
+
+    def add(self, raw_obs, log) -> None:
+        """Take in one batch the env returned (before encoding); at ``ROWS`` rows, check them and warn with ``log``."""
+        if not self.active:
+            return
+        for rows, leaf in zip(self._rows, self.leaves):
+            x = np.asarray(self.encoder._leaf_value(raw_obs, leaf), np.float64)
+            rows.append(x.reshape(-1, leaf.width))
+        self._count += len(self._rows[0][-1])
+        if self._count >= self.ROWS:
+            for rows, leaf in zip(self._rows, self.leaves):
+                x = np.concatenate(rows)
+                x = x[np.isfinite(x).all(axis=1)]  # (non-finite rows: stopped by the collector's own check)
+                std = x.std(axis=0) if len(x) else np.zeros(leaf.width)
+                moved = np.abs(x - x.astype(np.float32)).max(axis=0) if len(x) else np.zeros(leaf.width)
+                scale = np.abs(x).max(axis=0) if len(x) else np.zeros(leaf.width)
+                lost = np.flatnonzero((std > self.NOISE * scale) & (moved > self.TOLERANCE * std))
+                if lost.size:
+                    j = int(lost[0])
+                    where = f"observation part {leaf.name}" if leaf.path else "observation"
+                    log(f"warning: env {self.env_id!r}: {where} column {j} (float64) holds values near "
+                        f"{np.mean(x[:, j]):.6g} that vary by {std[j]:.3g} (std over the first {len(x)} rows), "
+                        f"and float32, which the policy takes, rounds them by up to {moved[j]:.3g} there "
+                        f"({lost.size} such column(s)): that variation is lost to the policy; subtract the offset "
+                        "in the env (a gymnasium ObservationWrapper)")
+            self._rows = []
+
+
 class RewardScaler:
     """Divide rewards by the running std of the discounted return (not centred), then clip."""
 

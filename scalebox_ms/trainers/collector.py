@@ -13,6 +13,7 @@ All random numbers (sampling noise; the native envs' reset noise comes from the 
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from typing import Optional
 
@@ -58,6 +59,10 @@ class RolloutCollector:
         #: gymnasium observations -> flat float32 vectors (one-hot Discrete parts, Dict/Tuple side by side), or
         #: uint8 (C, H, W) images
         self.encoder = ObsEncoder(self.env.single_observation_space, e.id, features)
+        from ..envs.normalize import Float32Resolution
+
+        self._resolution = Float32Resolution(self.encoder, self.env.single_observation_space, e.id)
+        self._env_obs = None  # what the env returned last (before encoding: for error messages)
         if self.spec.action_kind == "box":  # the Box's dtype and bounds, for the actions the env gets
             space = self.env.single_action_space
             self._box = (space.dtype, np.asarray(space.low), np.asarray(space.high))
@@ -158,6 +163,9 @@ class RolloutCollector:
         return self._encode_returned(raw, "step", step), reward, terminated, truncated, info
 
     def _encode_returned(self, raw, call: str, step: int) -> np.ndarray:
+        self._env_obs = raw
+        if self._resolution.active:
+            self._resolution.add(raw, logging.getLogger("scalebox_ms").warning)
         try:
             return self.encode(raw)
         except TrainingError as exc:  # (a value outside its space: which call, which step)
@@ -190,10 +198,25 @@ class RolloutCollector:
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 v = arr[i][~ok[i]][0]
-                kind = f"a non-finite {what}" if not np.isfinite(v) else f"a {what} beyond float32's range"
+                if what == "observation" and self._env_obs is not None:  # (inf once cast to float32?)
+                    v = self._env_value(i, v)
+                kind = (f"a non-finite {what}" if not np.isfinite(v) else
+                        f"{'an' if what == 'observation' else 'a'} {what} beyond float32's range")
                 raise TrainingError(f"env {self.env_id!r} returned {kind} ({v}) at env index "
                                     f"{self.rank * self.num_envs + i}, step {step}; the run stops before the update "
                                     f"sees it")
+
+    def _env_value(self, row: int, encoded: float) -> float:
+        """The first value of env ``row``'s last observation that is finite but beyond float32's range (it was
+        ``encoded`` as inf), else ``encoded``."""
+        big = float(np.finfo(np.float32).max)
+        for leaf in self.encoder.leaves:
+            if leaf.kind == "box":
+                x = np.asarray(self.encoder._leaf_value(self._env_obs, leaf), np.float64).reshape(self.num_envs, -1)
+                hit = np.isfinite(x[row]) & (np.abs(x[row]) > big)
+                if hit.any():
+                    return float(x[row][hit][0])
+        return encoded
 
     def reset(self, seed: Optional[int], step: int = 0, update_statistics: bool = True) -> None:
         """Reset every env (seeded); the first observations update the normalisation statistics unless
