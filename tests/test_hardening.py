@@ -86,6 +86,22 @@ def test_non_finite_env_output_stops_the_run_before_the_weights_change(env_id, w
     tr.close()
 
 
+def test_a_run_stopped_by_an_error_says_so_in_its_summary(tmp_path):
+    """A run a TrainingError stopped wrote no summary.json (or kept its previous session's 'paused'): a sweep
+    reading summaries took it for one still running."""
+    import json
+
+    from scalebox_ms.trainers.run import train_run
+
+    run_dir = tmp_path / "run"
+    cfg = small_config(env={"id": "nan_envs:NaNObsCartPole-v0", "num_envs": 4})
+    with pytest.raises(TrainingError) as e:
+        train_run(cfg, run_dir=str(run_dir), progress=False, log=lambda *a: None)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == str(e.value)
+    assert summary["resume_step"] == 0 and summary["env_id"] == "nan_envs:NaNObsCartPole-v0"
+
+
 def test_an_observation_beyond_float32_is_named_with_its_value():
     """A finite float64 observation of -1e300 was reported as 'a non-finite observation (-inf)', its value once
     cast to float32: the env never returned inf."""

@@ -14,9 +14,9 @@ import sys
 import threading
 from typing import Dict, List, Optional
 
-from ..errors import CheckpointError, ConfigError, Interrupted
+from ..errors import CheckpointError, ConfigError, Interrupted, first_line
 from ..fileio import atomic_write_json, atomic_write_text
-from .checkpoint import newest_intact, resolve_checkpoint, verify_checkpoint
+from .checkpoint import list_checkpoints, newest_intact, resolve_checkpoint, verify_checkpoint
 from .ppo import Callback
 
 # config keys a resumed run may change: the horizon (run.total_steps extends or shortens the run, and with it the
@@ -197,6 +197,19 @@ def record_session(run_dir: str, cfg, trainer, log) -> None:
         record = {}
     record.setdefault("resumed", []).append({"step": trainer.global_step, **environment_record(cfg, trainer)})
     atomic_write_json(path, record)
+
+
+def failed_summary(cfg, run_dir: str, ckpt_dir: str, exc: Exception) -> None:
+    """summary.json of a run an error stopped: ``status`` 'failed', the error's line and the step of the checkpoint
+    ``--resume`` continues from."""
+    ckpts = list_checkpoints(ckpt_dir)
+    summary = {"status": "failed", "error": first_line(exc), "env_id": cfg.env.id, "algo": cfg.algo,
+               "seed": cfg.run.seed, "total_steps": cfg.run.total_steps,
+               "resume_step": int(ckpts[-1].rsplit("_", 1)[1]) if ckpts else None}
+    try:
+        atomic_write_json(os.path.join(run_dir, "summary.json"), summary)
+    except OSError:  # (a full disk: the error that stopped the run is the one to report)
+        pass
 
 
 def _flatten(d: dict, prefix: str = "") -> Dict[str, object]:

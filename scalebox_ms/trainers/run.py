@@ -24,12 +24,12 @@ import time
 from typing import List, Optional
 
 from ..config import Config
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, ScaleboxError
 from ..fileio import atomic_write_json, atomic_write_text
 from .callbacks import EvalCallback, ProgressBeat, eval_seed
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
-from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, environment_record, read_metrics,
-                        record_session, remove_stale_temporaries, select_checkpoint, truncate_metrics)
+from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, environment_record, failed_summary,
+                        read_metrics, record_session, remove_stale_temporaries, select_checkpoint, truncate_metrics)
 from .core import Callback
 from .metrics_file import (METRIC_COLUMNS, OFF_POLICY_COLUMNS, TIMING_COLUMNS, MetricsWriter,  # noqa: F401
                            plot_learning_curve)
@@ -366,6 +366,9 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         # (a signal between iterations: stop right away; data parallel: the ranks decide together, in learn)
         if (stopper.signum is None or trainer.dist.distributed) and solved_before is None:
             trainer.learn(callbacks=callbacks, until=until)
+    except ScaleboxError as exc:  # (a run stopped by an error: summary.json said the last session's 'paused', or
+        failed_summary(cfg, run_dir, ckpt_dir, exc)  # nothing)
+        raise
     finally:
         writer.close()
     if not list_checkpoints(ckpt_dir) or not list_checkpoints(ckpt_dir)[-1].endswith(f"{trainer.global_step:012d}"):
