@@ -195,7 +195,8 @@ def test_a_non_finite_loss_skips_the_update_and_repeated_ones_stop_the_run(kerne
     assert stats["nonfinite_updates"] == stats["minibatch_steps"] == 4 and stats["n_updates"] == 0
     for a, b in zip(state, tr._values.snapshot()):  # weights and Adam state untouched
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(TrainingError, match=rf"non-finite in {NONFINITE_LIMIT} consecutive minibatch steps"):
+    with pytest.raises(TrainingError, match=rf"non-finite in {NONFINITE_LIMIT} consecutive minibatch steps .* lower "
+                                            r"ppo.learning_rate, in a new run \(--resume keeps the run's config\)$"):
         for _ in range(NONFINITE_LIMIT):
             tr.runner.run(_nan_batch(tr), *args)
     assert all(np.isfinite(v).all() for v in tr._values.snapshot())

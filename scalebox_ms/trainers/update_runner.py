@@ -187,7 +187,7 @@ class UpdateRunner:
                 raise TrainingError(f"the PPO loss was non-finite in {NONFINITE_LIMIT} consecutive minibatch steps "
                                     "(each skipped, the weights are unchanged); check the scale of the env's "
                                     "observations and rewards (env.normalize_obs / env.normalize_reward) or lower "
-                                    "ppo.learning_rate")
+                                    "ppo.learning_rate, in a new run (--resume keeps the run's config)")
 
     def comm_time(self, dist, minibatch_steps: int) -> float:
         """Seconds this update spent in collectives: the update's all-reduces (same sizes) timed on their own,
