@@ -367,7 +367,8 @@ def test_an_older_exports_sidecar_runs_with_a_warning_if_its_graph_checks_out(ca
     assert "(scalebox_ms.policy.mindir.v1, without its own or its graph's SHA-256)" in caplog.text
     for edited, words in [({**sc, "file_sha256": "0" * 64}, "not the file its sidecar a.mindir.json describes"),
                           ({**oldest, "file_bytes": sc["file_bytes"] + 1}, "not the file its sidecar a.mindir.json"),
-                          ({**sc, "format": "mine"}, r"\(format 'mine', not scalebox_ms.policy.mindir.v2\); export again$")]:
+                          ({**sc, "format": "mine"},
+                           r"\(format 'mine', not scalebox_ms.policy.mindir.v2\); export again$")]:
         with open(sidecar_path(path), "w") as f:
             json.dump(edited, f)
         with pytest.raises(ConfigError, match=words):
