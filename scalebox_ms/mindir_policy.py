@@ -40,19 +40,20 @@ class MindIRPolicy:
                 or not isinstance(sc.get("action_space"), dict) or "type" not in sc["action_space"]):
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is missing or corrupt")
         # (every field is used as it stands: an edited one ended in a KeyError or a MindSpore traceback)
+        # (v1 sidecars written before 2026-12-05 have no file_sha256: the graph's size is all they can check)
+        hashed = sc.get("format") == FORMAT or sc.get("file_sha256") is not None
         if sc.get("format") == FORMAT_V1:  # an older export's: its graph is checked below
-            unchecked = "its own SHA-256" if sc.get("file_sha256") else "its own or its graph's SHA-256"
+            unchecked = ("its own SHA-256): an edit to it" if hashed else
+                         "its own or its graph's SHA-256): an edit to it, or another export's graph of the same size,")
             logging.getLogger("scalebox_ms.mindir").warning(
                 f"warning: --mindir {path}: sidecar {sidecar_path(path)} is of an older export ({FORMAT_V1}, without "
-                f"{unchecked}): an edit to it cannot be detected; export again for a checked one")
+                f"{unchecked} cannot be detected; export again for a checked one")
         elif sc.get("format") != FORMAT:
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} is not one of scalebox_ms.export "
                               f"(format {short_repr(sc.get('format'))}, not {FORMAT}); export again")
         elif sc.get("sidecar_sha256") != sidecar_digest(sc):
             raise ConfigError(f"--mindir {path}: sidecar {sidecar_path(path)} was edited since the export (its "
                               "sidecar_sha256 does not match); export again")
-        # (v1 sidecars written before 2026-12-05 have no file_sha256: the graph's size is all they can check)
-        hashed = sc.get("format") == FORMAT or sc.get("file_sha256") is not None
         if os.path.getsize(path) != sc.get("file_bytes") or (hashed and sha256_file(path) != sc.get("file_sha256")):
             raise ConfigError(f"--mindir {path}: not the file its sidecar {os.path.basename(sidecar_path(path))} "
                               "describes (another export's, or changed since); export again")

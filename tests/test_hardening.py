@@ -86,11 +86,12 @@ def test_non_finite_env_output_stops_the_run_before_the_weights_change(env_id, w
     tr.close()
 
 
-def test_a_run_stopped_by_an_error_says_so_in_its_summary(tmp_path):
+def test_a_run_stopped_by_an_error_says_so_in_its_summary(tmp_path, monkeypatch):
     """A run a TrainingError stopped wrote no summary.json (or kept its previous session's 'paused'): a sweep
-    reading summaries took it for one still running."""
+    reading summaries took it for one still running. The same for any other error (a full disk)."""
     import json
 
+    from scalebox_ms.trainers import metrics_file
     from scalebox_ms.trainers.run import train_run
 
     run_dir = tmp_path / "run"
@@ -100,6 +101,23 @@ def test_a_run_stopped_by_an_error_says_so_in_its_summary(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] == str(e.value)
     assert summary["resume_step"] == 0 and summary["env_id"] == "nan_envs:NaNObsCartPole-v0"
+
+    run_dir = tmp_path / "paused"
+    cfg = small_config(run={"checkpoint_every": 64, "eval_episodes": 0})
+    assert train_run(cfg, run_dir=str(run_dir), until=128, log=lambda *a: None)["status"] == "paused"
+    calls = []
+
+    def full_disk(self, trainer, metrics):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(metrics_file.MetricsWriter, "on_iteration_end", full_disk)
+    with pytest.raises(OSError):
+        train_run(resume=str(run_dir), log=lambda *a: None)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == "[Errno 28] No space left on device"
+    assert summary["resume_step"] == 192  # (the resumed session's first iteration was checkpointed)
 
 
 def test_an_observation_beyond_float32_is_named_with_its_value():
@@ -138,6 +156,29 @@ def test_float64_observations_that_float32_rounds_away_are_a_warning(offset, war
     assert lines[0].startswith("warning: env 'nan_envs:OffsetObs-v0': observation column 0 (float64) holds values "
                                "near 1e+08 that vary by 0.5")
     assert "(3 such column(s))" in lines[0] and "subtract the offset in the env" in lines[0]
+
+
+def test_the_float32_resolution_check_copies_what_it_keeps_and_skips_rows_beyond_float32():
+    """An env that writes each observation into the same array made every kept row the last one (std 0: never a
+    warning); a row beyond float32's range ended in 'rounds them by up to inf' and numpy's overflow warning."""
+    import gymnasium as gym
+
+    from scalebox_ms.envs.normalize import Float32Resolution
+    from scalebox_ms.envs.obs_encoding import ObsEncoder
+
+    space = gym.spaces.Dict({"pos": gym.spaces.Box(-np.inf, np.inf, (2,), np.float64),
+                             "flag": gym.spaces.Discrete(2)})
+    check = Float32Resolution(ObsEncoder(space), space, "E-v0")
+    lines, rng = [], np.random.default_rng(0)
+    buffer = {"pos": np.zeros((1, 2)), "flag": np.zeros(1, np.int64)}
+    for i in range(Float32Resolution.ROWS):
+        buffer["pos"][:] = 1e8 + rng.uniform(-1, 1, (1, 2))
+        if i == Float32Resolution.ROWS - 1:
+            buffer["pos"][0, 1] = 1e39
+        check.add(buffer, lines.append)
+    assert not check.active and len(lines) == 1
+    assert lines[0].startswith("warning: env 'E-v0': observation part pos column 0 (float64) holds values near 1e+08")
+    assert "(2 such column(s))" in lines[0] and "inf" not in lines[0]
 
 
 def test_an_env_whose_close_raises_does_not_turn_a_finished_run_into_a_traceback(tmp_path, caplog):

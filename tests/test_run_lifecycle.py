@@ -119,14 +119,18 @@ def test_each_resumed_session_is_recorded_in_environment_json(run_copy):
         assert [s["step"] for s in json.load(f)["resumed"]] == [256]
 
 
-def test_the_code_record_names_the_checkout_it_runs_from(tmp_path):
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (CI runs on a git clone)")
+def test_the_code_record_names_the_checkout_it_runs_from(tmp_path, monkeypatch):
     """The version number did not change between commits whose training differs: a run from a git checkout records
-    its commit and whether tracked files were modified; a package that is not at a checkout's top records none."""
+    its commit and whether the package's files were modified or added; a package that is not at a checkout's top
+    records none. A caller's GIT_DIR (a git hook running the tests) must not redirect it to another repository."""
     from scalebox_ms.trainers.lifecycle import code_record
 
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+
     def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
-                       capture_output=True)
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "-c",
+                        "commit.gpgsign=false", *args], check=True, capture_output=True, env=env)
 
     pkg = tmp_path / "scalebox_ms"
     pkg.mkdir()
@@ -135,8 +139,14 @@ def test_the_code_record_names_the_checkout_it_runs_from(tmp_path):
     git("add", ".")
     git("commit", "-qm", "x")
     head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+                          check=True, env=env).stdout.strip()
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere"))
     assert code_record(str(pkg))["git_commit"] == head and code_record(str(pkg))["git_modified"] is False
+    (tmp_path / "README").write_text("outside the package")
+    assert code_record(str(pkg))["git_modified"] is False
+    (pkg / "new.py").write_text("")
+    assert code_record(str(pkg))["git_modified"] is True
+    (pkg / "new.py").unlink()
     (pkg / "__init__.py").write_text("x = 1\n")
     assert code_record(str(pkg))["git_modified"] is True
     inner = pkg / "lib" / "site-packages" / "scalebox_ms"  # (an install inside some other checkout)

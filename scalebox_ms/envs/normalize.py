@@ -139,13 +139,14 @@ class Float32Resolution:
         if not self.active:
             return
         for rows, leaf in zip(self._rows, self.leaves):
-            x = np.asarray(self.encoder._leaf_value(raw_obs, leaf), np.float64)
+            x = np.array(self.encoder._leaf_value(raw_obs, leaf), np.float64)  # (a copy: an env may reuse its array)
             rows.append(x.reshape(-1, leaf.width))
         self._count += len(self._rows[0][-1])
         if self._count >= self.ROWS:
             for rows, leaf in zip(self._rows, self.leaves):
                 x = np.concatenate(rows)
-                x = x[np.isfinite(x).all(axis=1)]  # (non-finite rows: stopped by the collector's own check)
+                # (rows not finite in float32: the collector's own check stops the run on them)
+                x = x[(np.abs(x) <= np.finfo(np.float32).max).all(axis=1)]
                 std = x.std(axis=0) if len(x) else np.zeros(leaf.width)
                 moved = np.abs(x - x.astype(np.float32)).max(axis=0) if len(x) else np.zeros(leaf.width)
                 scale = np.abs(x).max(axis=0) if len(x) else np.zeros(leaf.width)

@@ -164,16 +164,17 @@ class RolloutCollector:
 
     def _encode_returned(self, raw, call: str, step: int) -> np.ndarray:
         self._env_obs = raw
-        if self._resolution.active:
-            self._resolution.add(raw, logging.getLogger("scalebox_ms").warning)
         try:
-            return self.encode(raw)
+            obs = self.encode(raw)
         except TrainingError as exc:  # (a value outside its space: which call, which step)
             raise TrainingError(f"{exc}, from {call}() at step {step}; the run stops") from None
         except (ScaleboxError, MemoryError):
             raise
         except Exception as exc:  # (its observation does not fit the observation space it declares)
             raise self._env_raised(exc, call, step, returned=True) from exc
+        if self._resolution.active:
+            self._resolution.add(raw, logging.getLogger("scalebox_ms").warning)
+        return obs
 
     def _env_raised(self, exc: Exception, call: str, step: int, returned: bool = False) -> TrainingError:
         message = first_line(exc)

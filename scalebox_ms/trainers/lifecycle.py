@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 from ..errors import CheckpointError, ConfigError, Interrupted, first_line
 from ..fileio import atomic_write_json, atomic_write_text
-from .checkpoint import list_checkpoints, newest_intact, resolve_checkpoint, verify_checkpoint
+from .checkpoint import newest_intact, read_sidecar, resolve_checkpoint, verify_checkpoint
 from .ppo import Callback
 
 # config keys a resumed run may change: the horizon (run.total_steps extends or shortens the run, and with it the
@@ -139,8 +139,10 @@ def remove_stale_temporaries(run_dir: str, log=None) -> None:
 
 def code_record(package_dir: Optional[str] = None) -> dict:
     """The scalebox_ms code that runs: its version, the directory it is imported from and, when that directory is at
-    the top of a git checkout (a clone installed with ``-e`` or put on PYTHONPATH), the commit and whether tracked
-    files differ from it (the version number alone does not tell two checkouts apart)."""
+    the top of a git checkout (a clone installed with ``-e`` or put on PYTHONPATH), the commit and whether the
+    package's files differ from it, new ones included (the version number alone does not tell two checkouts
+    apart). git runs without taking the index lock and without the caller's ``GIT_*`` variables (a git hook's
+    ``GIT_DIR`` would point it at another repository)."""
     import subprocess
 
     import scalebox_ms
@@ -149,13 +151,14 @@ def code_record(package_dir: Optional[str] = None) -> dict:
     record = {"version": scalebox_ms.__version__, "path": package_dir, "git_commit": None, "git_modified": None}
     root = os.path.dirname(package_dir)
     if os.path.exists(os.path.join(root, ".git")):  # (not a site-packages inside some other checkout)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         try:
             def git(*args):
-                return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=10,
-                                      check=True).stdout.strip()
+                return subprocess.run(["git", "--no-optional-locks", "-C", root, *args], capture_output=True,
+                                      text=True, timeout=5, check=True, env=env).stdout.strip()
 
             record["git_commit"] = git("rev-parse", "HEAD")
-            record["git_modified"] = bool(git("status", "--porcelain", "--untracked-files=no"))
+            record["git_modified"] = bool(git("status", "--porcelain", "--", os.path.basename(package_dir)))
         except (OSError, subprocess.SubprocessError):  # (no git, a checkout git refuses to read, ...)
             pass
     return record
@@ -201,14 +204,14 @@ def record_session(run_dir: str, cfg, trainer, log) -> None:
 
 def failed_summary(cfg, run_dir: str, ckpt_dir: str, exc: Exception) -> None:
     """summary.json of a run an error stopped: ``status`` 'failed', the error's line and the step of the checkpoint
-    ``--resume`` continues from."""
-    ckpts = list_checkpoints(ckpt_dir)
-    summary = {"status": "failed", "error": first_line(exc), "env_id": cfg.env.id, "algo": cfg.algo,
-               "seed": cfg.run.seed, "total_steps": cfg.run.total_steps,
-               "resume_step": int(ckpts[-1].rsplit("_", 1)[1]) if ckpts else None}
+    ``--resume`` continues from (its newest intact one). Nothing here may replace the error being reported."""
     try:
+        prefix, _ = newest_intact(ckpt_dir, cfg.run.save_replay)
+        summary = {"status": "failed", "error": first_line(exc), "env_id": cfg.env.id, "algo": cfg.algo,
+                   "seed": cfg.run.seed, "total_steps": cfg.run.total_steps,
+                   "resume_step": int(read_sidecar(prefix)["global_step"]) if prefix else None}
         atomic_write_json(os.path.join(run_dir, "summary.json"), summary)
-    except OSError:  # (a full disk: the error that stopped the run is the one to report)
+    except Exception:  # (a full disk, no memory left: the error that stopped the run is the one to report)
         pass
 
 

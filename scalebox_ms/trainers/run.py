@@ -24,7 +24,7 @@ import time
 from typing import List, Optional
 
 from ..config import Config
-from ..errors import CheckpointError, ConfigError, ScaleboxError
+from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_json, atomic_write_text
 from .callbacks import EvalCallback, ProgressBeat, eval_seed
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
@@ -366,8 +366,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         # (a signal between iterations: stop right away; data parallel: the ranks decide together, in learn)
         if (stopper.signum is None or trainer.dist.distributed) and solved_before is None:
             trainer.learn(callbacks=callbacks, until=until)
-    except ScaleboxError as exc:  # (a run stopped by an error: summary.json said the last session's 'paused', or
-        failed_summary(cfg, run_dir, ckpt_dir, exc)  # nothing)
+    except Exception as exc:  # (a run stopped by an error: summary.json said the last session's 'paused', or
+        failed_summary(cfg, run_dir, ckpt_dir, exc)  # nothing; signals are not Exceptions)
         raise
     finally:
         writer.close()
