@@ -199,7 +199,7 @@ class RolloutCollector:
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 v = arr[i][~ok[i]][0]
-                if what == "observation" and self._env_obs is not None:  # (inf once cast to float32?)
+                if what == "observation" and np.isinf(v) and self._env_obs is not None:  # (once cast to float32?)
                     v = self._env_value(i, v)
                 kind = (f"a non-finite {what}" if not np.isfinite(v) else
                         f"{'an' if what == 'observation' else 'a'} {what} beyond float32's range")
