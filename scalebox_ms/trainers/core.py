@@ -161,7 +161,8 @@ class Trainer:
         if changed:
             raise ConfigError(f"{what}: trainer.config was changed after the trainer was built ({changed[0]}"
                               f"{', ...' if len(changed) > 1 else ''}), which it does not follow (only the run.* "
-                              "bookkeeping keys and the learning rate and clip range may change); set it back, or "
+                              "bookkeeping keys and the learning rate (PPO: and clip range) may change); set it back, "
+                              "or "
                               "build a trainer of the changed config and load() a checkpoint of this one into it")
         try:
             checked = self.config.checked_copy()
