@@ -51,13 +51,18 @@ def main(argv=None) -> int:
         import_mindspore()
         from .config import load_config
         from .trainers import acting_trainer
-        from .trainers.evaluation import evaluate_policy
+        from .trainers.evaluation import check_evaluation_env, evaluate_policy
 
         cfg = load_config(os.path.join(args.run, "config.yaml"))
         # Ctrl-C: held while graphs compile (MindSpore turned one into a screen of errors and an analyze_fail.ir),
         # and the evaluation stops at its next env step
         with sigint_held():  # (the latest checkpoint, also while a train still writes the run)
             trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
+        try:  # (a run that trained on EnvPool without evaluating: spaces of another kind than gymnasium's)
+            check_evaluation_env(trainer, evaluating=True)
+        except BaseException:
+            trainer.close()
+            raise
         from .trainers.callbacks import eval_seed
 
         seed = eval_seed(cfg) if args.seed is None else args.seed  # (as the run's own evaluations)

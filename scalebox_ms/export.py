@@ -123,6 +123,9 @@ def export_mindir(trainer, output: str, int8: bool = False, quant_level: str = "
             raise ConfigError("quantize: the policy is untrained (global_step 0); INT8 calibration needs a trained "
                               "one: train first, or load a later checkpoint (export --checkpoint)")
         quantizer.check(getattr(trainer.model, "features", None) is not None, trainer.spec)  # (before calibrating)
+        from .trainers.evaluation import check_evaluation_env
+
+        check_evaluation_env(trainer, evaluating=True)  # (calibration plays gymnasium's env)
         # (Ctrl-C held while graphs compile, which MindSpore turns into a screen of errors; calibration stops at its
         # next env step)
         with sigint_held() as asked:

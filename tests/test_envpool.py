@@ -355,3 +355,30 @@ def test_ppo_trains_on_envpool_breakout_and_counts_games(tmp_path):
         assert c.episodes >= 1 and min(c.episode_lengths) > 100  # whole games (frames), not lives
     finally:
         tr.close()
+
+
+def test_a_run_that_does_not_evaluate_is_warned_and_evaluate_refuses_in_one_line(tmp_path, caplog, capsys):
+    """EnvPool's Blackjack-v1 observes a Box where gymnasium's has a Tuple: a run without evaluations trained without
+    a word, then `evaluate` failed on an observation 'of shape (3, 2)' and `export --int8` while calibrating."""
+    import logging
+
+    from conftest import small_config
+    from scalebox_ms import evaluate, export
+    from scalebox_ms.trainers.run import train_run
+
+    cfg = small_config(env={"id": "Blackjack-v1", "backend": "envpool", "num_envs": 4},
+                       run={"eval_episodes": 0, "eval_every": 0, "total_steps": 128})
+    run_dir = str(tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+        assert train_run(cfg, run_dir=run_dir, log=lambda *a: None)["status"] == "completed"
+    line = ("env.backend: envpool's Blackjack-v1 has the observation space Box(0, 31, (3,), int32), gymnasium's "
+            "(which evaluation plays) Tuple(Discrete(32), Discrete(11), Discrete(2))")
+    assert [r.getMessage() for r in caplog.records if "envpool's" in r.getMessage()] == [
+        f"warning: {line}: the policy would be evaluated on observations of another kind than it was trained on: "
+        "`evaluate` and `export --int8` of this run will fail"]
+    capsys.readouterr()
+    for tool, args in ((evaluate, ["--run", run_dir, "--episodes", "2"]), (export, ["--run", run_dir, "--int8"])):
+        assert tool.main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {line}") and err.endswith("; train with env.backend gymnasium\n"), err
+    assert not os.path.exists(os.path.join(run_dir, "policy_int8_L1.mindir"))

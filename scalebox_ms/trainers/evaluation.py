@@ -158,29 +158,39 @@ def _env_call(fn, env_id: str, result: Returns, episodes: int, *args, **kwargs):
                               result) from exc
 
 
-def check_evaluation_env(trainer) -> None:
+def check_evaluation_env(trainer, evaluating: bool = False) -> None:
     """Where training and evaluation envs differ (``env.backend`` envpool or native trains on its own engine,
     evaluation plays gymnasium's env of the same ``env.id``/``env.kwargs``), make sure gymnasium can build that env
-    before a run starts, so a finished training run does not fail at its evaluation. ConfigError otherwise."""
+    before a run starts, so a finished training run does not fail at its evaluation. ConfigError otherwise. A run
+    that does not evaluate is only warned where the spaces differ (``evaluate`` and ``export`` of it play gymnasium's
+    env); where gymnasium cannot build the env at all, nothing is said (the run is meant for its own engine).
+    ``evaluating``: called by ``evaluate``/``export --int8``, which play gymnasium's env now: refused either way."""
     from ..envs import make_vec_env
 
     cfg, run = trainer.config.env, trainer.config.run
-    if cfg.backend == "gymnasium" or (run.eval_episodes <= 0 and run.eval_every <= 0):
+    evaluates = evaluating or run.eval_episodes > 0 or run.eval_every > 0
+    if cfg.backend == "gymnasium":
         return
     try:
         env = make_vec_env(cfg.id, 1, cfg.kwargs, preprocess=cfg.preprocess, evaluation=True)
     except ConfigError as exc:
+        if not evaluates:
+            return
+        hint = "" if evaluating else " (or set run.eval_episodes=0 and run.eval_every=0)"
         raise ConfigError(f"env.backend: {cfg.backend} trains on its own envs but evaluation plays gymnasium's, "
-                          f"and gymnasium cannot: {exc} (or set run.eval_episodes=0 and run.eval_every=0)") from None
+                          f"and gymnasium cannot: {exc}{hint}") from None
     try:
         train_env = trainer.collector.env
         for what in ("observation", "action"):
             ours, theirs = (getattr(e, f"single_{what}_space") for e in (train_env, env))
             if not same_layout(ours, theirs):  # (EnvPool's Blackjack-v1: a Box where gymnasium's is a Tuple)
                 ours, theirs = (" ".join(str(x).split()) for x in (ours, theirs))  # (numpy wraps long bounds)
-                raise ConfigError(f"env.backend: {cfg.backend}'s {cfg.id} has the {what} space {ours}, gymnasium's "
-                                  f"(which evaluation plays) {theirs}: the policy would be evaluated on {what}s of "
-                                  "another kind than it was trained on; use env.backend gymnasium")
+                line = (f"env.backend: {cfg.backend}'s {cfg.id} has the {what} space {ours}, gymnasium's (which "
+                        f"evaluation plays) {theirs}: the policy would be evaluated on {what}s of another kind than "
+                        "it was trained on")
+                if evaluates:
+                    raise ConfigError(f"{line}; train with env.backend gymnasium")
+                trainer.log.warning(f"warning: {line}: `evaluate` and `export --int8` of this run will fail")
     finally:
         close_env(env, cfg.id)
 
