@@ -3,16 +3,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
+import os
 import signal
 import sys
 import threading
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse that reports bad flags as a single ``error: ...`` line (exit 2) instead of usage + error."""
+    """argparse that reports bad flags as a single ``error: ...`` line (exit 2) instead of usage + error, naming the
+    flag first as every other error does. ``tool``: 'train', 'evaluate', ... (the usage line names the command as
+    it was run: ``scalebox-train`` or ``python -m scalebox_ms.train``)."""
+
+    def __init__(self, tool: str, **kwargs):
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        super().__init__(prog=script if script == f"scalebox-{tool}" else f"python -m scalebox_ms.{tool}", **kwargs)
 
     def error(self, message: str):
-        sys.stderr.write(f"error: {self.prog}: {message}\n")
+        sys.stderr.write(f"error: {message}\n")
         raise SystemExit(2)
 
     def parse_args(self, args=None, namespace=None):
@@ -26,23 +34,37 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def say(line: str) -> None:
-    """One line to stderr; a closed or broken stderr (``2>&-``, a pipe into ``head``) must not stop a run."""
+    """One line to stderr; a closed or broken stderr (``2>&-``, a pipe into ``head``) must not stop a run. A
+    progress bar on the terminal is cleared first and drawn again after (the line landed at the bar's end)."""
+    tqdm = sys.modules.get("tqdm")
     try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        with tqdm.tqdm.external_write_mode(file=sys.stderr) if tqdm is not None else contextlib.nullcontext():
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
     except (OSError, AttributeError, ValueError):  # (AttributeError: sys.stderr is None; ValueError: closed)
         pass
 
 
-def say_out(text: str) -> None:
+class SayHandler(logging.Handler):
+    """The ``scalebox_ms`` logger's lines through :func:`say`."""
+
+    def emit(self, record):
+        say(self.format(record))
+
+
+def say_out(text: str, kept_in: str = "") -> None:
     """``text`` to stdout, as :func:`say` to stderr: for output that is also in a file (train's summary is
-    ``summary.json``), where a terminal hung up (SIGHUP) or a closed pipe must not turn a finished run into an
-    error."""
+    ``summary.json``, ``kept_in``), where a terminal hung up (SIGHUP) or a closed pipe must not turn a finished run
+    into an error. A stdout that cannot take it (``> /dev/full``) is a warning line naming the file."""
     try:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
-    except (OSError, AttributeError, ValueError):
-        pass
+    except (OSError, AttributeError, ValueError) as exc:
+        if sys.stdout is not None:
+            _drop_unwritten_stdout()
+        if kept_in:
+            say(f"warning: stdout: {getattr(exc, 'strerror', None) or type(exc).__name__}: the summary was not "
+                f"printed; it is in {kept_in}")
 
 
 def emit(text: str, written: str = "") -> None:
@@ -117,6 +139,10 @@ def import_mindspore() -> None:
     from .errors import ConfigError, first_line, short_repr
 
     os.environ.setdefault("GLOG_v", "3")  # (read when MindSpore's logger starts: before the import)
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # (MindSpore's import failed on it, then the interpreter aborted: exit 134)
+        raise ConfigError("the current directory no longer exists (deleted or moved): cd to another one") from None
     try:
         import_held("mindspore")
     except Exception as exc:  # (a broken install, GLOG_v=abc, ...: doctor names more)

@@ -247,5 +247,6 @@ def warn_if_warm_up_only(cfg, log, training: bool) -> None:
     with n_updates 0, without a word)."""
     o = cfg.algo_config
     if training and o.learning_starts >= cfg.run.total_steps:
-        log.warning(f"{cfg.algo}.learning_starts {o.learning_starts} >= run.total_steps {cfg.run.total_steps}: every "
-                    "step of this run is a random warm-up action and no gradient step runs")
+        log.warning(f"warning: {cfg.algo}.learning_starts {o.learning_starts} >= run.total_steps "
+                    f"{cfg.run.total_steps}: every step of this run is a random warm-up action and no gradient step "
+                    "runs")

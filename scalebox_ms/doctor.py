@@ -401,7 +401,7 @@ def diagnose(workers: int = 0) -> Dict:
 
 
 def main(argv=None) -> int:
-    p = OneLineArgumentParser(prog="python -m scalebox_ms.doctor", description="Check this machine for scalebox_ms.")
+    p = OneLineArgumentParser("doctor", description="Check this machine for scalebox_ms.")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--workers", type=int, default=0, metavar="N",
                    help="also start an N-rank msrun job on each backend and check its collectives, as train "

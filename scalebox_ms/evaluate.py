@@ -13,14 +13,15 @@ from .cli_common import (OneLineArgumentParser, emit, import_mindspore, refuse_e
 
 
 def build_parser():
-    p = OneLineArgumentParser(prog="python -m scalebox_ms.evaluate",
+    p = OneLineArgumentParser("evaluate",
                               description="Evaluate a trained run (PPO, DQN, SAC, TD3) or an exported MindIR policy.")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--run", help="run directory written by scalebox_ms.train")
-    src.add_argument("--mindir", help="a policy exported by scalebox_ms.export (fp32 or INT8)")
-    p.add_argument("--checkpoint", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
-    p.add_argument("--episodes", type=int, default=20, help="episodes to play (default 20)")
-    p.add_argument("--seed", type=int, help="seed of the evaluation envs (default: the run's run.seed + 10000, as "
+    src.add_argument("--run", metavar="DIR", help="run directory written by scalebox_ms.train")
+    src.add_argument("--mindir", metavar="FILE", help="a policy exported by scalebox_ms.export (fp32 or INT8)")
+    p.add_argument("--checkpoint", metavar="FILE", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
+    p.add_argument("--episodes", type=int, default=20, metavar="N", help="episodes to play (default 20)")
+    p.add_argument("--seed", type=int, metavar="N", help="seed of the evaluation envs (default: the run's run.seed + "
+                   "10000, as "
                    "its own evaluations; 10000 with --mindir)")
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of the deterministic policy")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -76,9 +77,13 @@ def main(argv=None) -> int:
             emit(json.dumps(result))
         else:
             emit(f"{cfg.env.id} @ step {trainer.global_step}: mean return {result['mean_return']:.2f} "
-                  f"+/- {result['std_return']:.2f} over {len(rets)} episodes ({os.path.basename(ckpt)})")
+                  f"+/- {result['std_return']:.2f} over {_episodes(len(rets))} ({os.path.basename(ckpt)})")
 
     return run_cli(go)
+
+
+def _episodes(n: int) -> str:
+    return f"{n} episode" if n == 1 else f"{n} episodes"
 
 
 def return_stats(rets) -> dict:
@@ -104,7 +109,7 @@ def _evaluate_mindir(args) -> None:
         emit(json.dumps(result))
     else:
         emit(f"{args.mindir}: mean return {result['mean_return']:.2f} +/- {result['std_return']:.2f} "
-              f"over {len(rets)} episodes")
+              f"over {_episodes(len(rets))}")
 
 
 if __name__ == "__main__":

@@ -296,19 +296,18 @@ MAX_CALIBRATE_STEPS = 1_000_000
 def build_parser():
     from .cli_common import OneLineArgumentParser
 
-    p = OneLineArgumentParser(prog="python -m scalebox_ms.export",
-                              description="Export a trained policy to MindIR, optionally INT8-quantized.")
-    p.add_argument("--run", required=True, help="run directory written by scalebox_ms.train")
-    p.add_argument("--checkpoint", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
-    p.add_argument("--output", help="output .mindir (default: <run>/policy[_int8_<level>].mindir)")
+    p = OneLineArgumentParser("export", description="Export a trained policy to MindIR, optionally INT8-quantized.")
+    p.add_argument("--run", required=True, metavar="DIR", help="run directory written by scalebox_ms.train")
+    p.add_argument("--checkpoint", metavar="FILE", help="checkpoint (.json/.ckpt or prefix); default: the run's latest")
+    p.add_argument("--output", metavar="FILE.mindir", help="output file (default: <run>/policy[_int8_<level>].mindir)")
     p.add_argument("--int8", action="store_true", help="post-training INT8 quantization")
-    p.add_argument("--calibrate-steps", type=int, default=None,
-                   help="env steps of calibration data (--int8; default 200)")
+    p.add_argument("--calibrate-steps", type=int, default=None, metavar="N",
+                   help="env steps of calibration data (--int8; 1 to 1,000,000, default 200)")
     p.add_argument("--quant-level", choices=["L1", "L2"], default=None,
                    help="L1: int8 weights; L2: int8 weights and activations (default L1; needs --int8)")
     p.add_argument("--activation-calibration", choices=["minmax", "percentile"], default=None,
                    help="L2 activation range: largest magnitude seen, or a percentile (default minmax)")
-    p.add_argument("--percentile", type=float, default=None,
+    p.add_argument("--percentile", type=float, default=None, metavar="P",
                    help="percentile for --activation-calibration percentile (default 99.99)")
     p.add_argument("--json", action="store_true", help="print the sidecar as JSON")
     return p

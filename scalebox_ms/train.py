@@ -34,20 +34,23 @@ import os
 import signal
 import sys
 
-from .cli_common import (OneLineArgumentParser, import_held, import_mindspore, refuse_empty_checkpoint,
+from .cli_common import (OneLineArgumentParser, SayHandler, import_held, import_mindspore, refuse_empty_checkpoint,
                          route_sigint_around_mindspore, run_cli, say, say_out, stop_at_once_on_termination)
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "ppo_cartpole.yaml")
 
 
 def build_parser():
-    p = OneLineArgumentParser(prog="python -m scalebox_ms.train", description="Train PPO, DQN, SAC or TD3 with MindSpore.")
-    p.add_argument("--config", help="YAML config (default: the packaged ppo_cartpole.yaml)")
+    p = OneLineArgumentParser("train", description="Train PPO, DQN, SAC or TD3 with MindSpore.")
+    p.add_argument("--config", metavar="FILE", help="YAML config, or a preset's name (default: the packaged "
+                   "ppo_cartpole.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (YAML syntax), repeatable")
-    p.add_argument("--seed", type=int, help="shortcut for --set run.seed=N")
-    p.add_argument("--total-steps", type=int, help="shortcut for --set run.total_steps=N (also the schedules' horizon)")
-    p.add_argument("--run-dir", help="where to write the run (default runs/<env>_seed<N>_<time>_<pid>)")
+                   help="override a config value (YAML syntax; a mapping's entry as SECTION.KEY.NAME=VALUE), "
+                   "repeatable")
+    p.add_argument("--seed", type=int, metavar="N", help="shortcut for --set run.seed=N")
+    p.add_argument("--total-steps", type=int, metavar="N",
+                   help="shortcut for --set run.total_steps=N (also the schedules' horizon)")
+    p.add_argument("--run-dir", metavar="DIR", help="where to write the run (default runs/<env>_seed<N>_<time>_<pid>)")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint; its "
                    "config.yaml may only change run.total_steps (to extend the run) and bookkeeping keys")
     p.add_argument("--checkpoint", metavar="FILE",
@@ -85,7 +88,7 @@ def main(argv=None) -> int:
     def go():
         import logging
 
-        handler = logging.StreamHandler(sys.stderr)
+        handler = SayHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger = logging.getLogger("scalebox_ms")
         logger.addHandler(handler)
@@ -141,7 +144,8 @@ def main(argv=None) -> int:
                             progress=False if args.no_progress else None, profile=args.profile,
                             log=say, checkpoint=args.checkpoint, exiting=argv is None)
         if summary is not None and not in_msrun():  # (under msrun the launcher prints rank 0's summary, and a rank
-            say_out(json.dumps(summary, indent=2))  # a signal stopped exits 0: msrun would call the job failed)
+            say_out(json.dumps(summary, indent=2),  # a signal stopped exits 0: msrun would call the job failed)
+                    os.path.join(summary["run_dir"], "summary.json"))
             exit_code[0] = _exit_code(summary)
 
     exit_code = [0]
@@ -150,7 +154,10 @@ def main(argv=None) -> int:
 
 
 def _exit_code(summary: dict) -> int:
-    """0, or 128 + signum for a run a signal stopped (with a line saying how to continue it)."""
+    """0, or 128 + signum for a run a signal stopped (with a line saying how to continue it; a paused run too)."""
+    if summary.get("status") == "paused":
+        say(f"paused at step {summary['global_step']} (--until; checkpoint written); continue with --resume "
+            f"{summary['run_dir']}")
     if summary.get("status") != "interrupted":
         return 0
     say(f"interrupted by {summary['interrupted_by']} at step {summary['global_step']} (checkpoint written); "
@@ -264,7 +271,7 @@ def _launch_workers(args, argv, cfg, workers: int):
         return code
     with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
         summary = {**json.load(f), "run_dir": run_dir}
-    say_out(json.dumps(summary, indent=2))
+    say_out(json.dumps(summary, indent=2), os.path.join(run_dir, "summary.json"))
     return _exit_code(summary)
 
 

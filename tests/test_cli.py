@@ -394,3 +394,88 @@ def test_the_final_evaluation_and_evaluate_use_the_seed_of_the_evaluations_while
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout)
     assert result["seed"] == 10001 and result["mean_return"] == pytest.approx(summary["eval_mean_return"])
+
+
+def test_progress_is_plain_lines_off_a_terminal_and_lines_logged_under_a_bar_start_on_their_own(capsys):
+    """Off a terminal (a log file, a scheduler's output) the tqdm bar was one ever-growing line of carriage returns;
+    on a terminal, a warning or a signal's notice landed at the end of the bar's line."""
+    from types import SimpleNamespace
+
+    from scalebox_ms.cli_common import say
+    from scalebox_ms.trainers.progress import ProgressBar
+
+    trainer = SimpleNamespace(global_step=0, config=SimpleNamespace(env=SimpleNamespace(id="E-v0")))
+    lines = []
+    bar = ProgressBar(1000, lines.append, terminal=False)
+    bar.on_training_start(trainer)
+    for step in (64, 256, 320, 512, 768, 1024):
+        bar.on_iteration_end(trainer, {"global_step": step, "episode_return_mean": 1.5, "steps_per_second": 99.0})
+    bar.on_training_end(trainer)
+    assert lines == [f"E-v0: step {s} of 1,000 ({p}%), 99 steps/s, return 1.5"
+                     for s, p in (("256", 25), ("320", 32), ("512", 51), ("768", 76), ("1,024", 100))]
+    assert capsys.readouterr().err == ""
+
+    bar = ProgressBar(1000, lines.append, terminal=True)
+    bar.on_training_start(trainer)
+    bar.on_iteration_end(trainer, {"global_step": 512, "episode_return_mean": 1.5, "steps_per_second": 99.0})
+    bar.bar.refresh()
+    say("warning: something")
+    bar.on_iteration_end(trainer, {"global_step": 1024, "episode_return_mean": 2.0, "steps_per_second": 99.0})
+    bar.on_training_end(trainer)
+    err = capsys.readouterr().err
+    segment = next(s for s in err.split("\n") if "warning: something" in s)
+    assert segment.split("\r")[-1] == "warning: something", repr(segment)
+    assert "100%" in err.split("\r")[-1]  # (the last iteration ran past total: the bar still ends at 100%)
+
+
+def test_a_summary_stdout_cannot_take_is_a_warning_and_a_pause_says_how_to_go_on(capsys, monkeypatch):
+    """`train > /dev/full` exited 0 without a word (evaluate and doctor said 'error: stdout: ...'); `--until` ended
+    on the progress line, the pause only in the JSON."""
+    from scalebox_ms import train
+    from scalebox_ms.cli_common import say_out
+
+    class Full:
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            raise ValueError("no descriptor")
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    say_out("{}", "run/summary.json")
+    assert capsys.readouterr().err == ("warning: stdout: No space left on device: the summary was not printed; it is "
+                                       "in run/summary.json\n")
+    monkeypatch.undo()
+    assert train._exit_code({"status": "paused", "global_step": 512, "run_dir": "run"}) == 0
+    assert capsys.readouterr().err == "paused at step 512 (--until; checkpoint written); continue with --resume run\n"
+
+
+def test_flag_errors_name_the_flag_first_and_usage_names_the_command_as_run(capsys, monkeypatch):
+    """'error: python -m scalebox_ms.train: unrecognized arguments: --bogus' put the program before the culprit,
+    unlike every other error; `scalebox-train --help` showed the module form."""
+    from scalebox_ms import train
+
+    with pytest.raises(SystemExit) as stop:
+        train.build_parser().parse_args(["--bogus"])
+    assert stop.value.code == 2 and capsys.readouterr().err == "error: unrecognized arguments: --bogus\n"
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/scalebox-train", "--help"])
+    assert train.build_parser().format_usage().startswith("usage: scalebox-train [-h] [--config FILE]")
+    monkeypatch.setattr(sys, "argv", ["/repo/scalebox_ms/train.py"])
+    assert train.build_parser().format_usage().startswith("usage: python -m scalebox_ms.train [-h] [--config FILE]")
+
+
+@pytest.mark.parametrize("tool", ["train", "evaluate"])
+def test_a_deleted_working_directory_is_one_line(tmp_path, tool):
+    """MindSpore's import failed on it ('mindspore cannot be imported (FileNotFoundError ...)', the doctor advised),
+    then the interpreter aborted (exit 134)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    env = {**os.environ, "PYTHONPATH": REPO}
+    args = "--total-steps 256 --run-dir x" if tool == "train" else "--mindir x.mindir"
+    r = subprocess.run(["sh", "-c", f"cd {gone} && rmdir {gone} && exec {sys.executable} -m scalebox_ms.{tool} {args}"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr == "error: the current directory no longer exists (deleted or moved): cd to another one\n"

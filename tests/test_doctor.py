@@ -229,5 +229,5 @@ def test_doctor_workers_needs_at_least_two_ranks(capsys):
     with pytest.raises(SystemExit) as exc:
         doctor.main(["--workers", "1"])
     assert exc.value.code == 2
-    assert capsys.readouterr().err == ("error: python -m scalebox_ms.doctor: --workers: must be >= 2 (ranks of the "
+    assert capsys.readouterr().err == ("error: --workers: must be >= 2 (ranks of the "
                                        "msrun job), got 1\n")

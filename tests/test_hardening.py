@@ -477,7 +477,7 @@ def test_a_signal_while_the_flags_are_parsed_is_a_clean_interrupt(capsys, signum
     def signalled(text):
         raise Interrupted(signum) if signum != 2 else KeyboardInterrupt
 
-    p = OneLineArgumentParser(prog="tool")
+    p = OneLineArgumentParser("tool")
     p.add_argument("--n", type=signalled)
     try:
         p.parse_args(["--n", "1"])

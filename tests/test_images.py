@@ -473,6 +473,39 @@ def test_a_missing_mujoco_names_the_project_extra(monkeypatch):
         make_vec_env("HalfCheetah-v5", 1)
 
 
+def test_mujoco_warnings_go_to_the_log_once_without_gymnasiums_own_deprecation(monkeypatch, caplog):
+    """MuJoCo printed 'WARNING: compiler attribute 'settotalmass' is deprecated ...' (gymnasium's model files) twice
+    per process, each with a blank line, and appended it to MUJOCO_LOG.TXT in the working directory. (A stub of
+    MuJoCo's handler API: the test extra has no MuJoCo.)"""
+    import types
+
+    from scalebox_ms.envs.factory import route_mujoco_warnings
+
+    handler = {}
+    stub = types.ModuleType("mujoco")
+    stub.get_mju_user_warning = lambda: handler.get("f")
+    stub.set_mju_user_warning = lambda f: handler.__setitem__("f", f)
+    monkeypatch.setitem(sys.modules, "mujoco", stub)
+    route_mujoco_warnings()
+    first = handler["f"]
+    route_mujoco_warnings()  # (every env made: the same handler)
+    assert handler["f"] is first
+    with caplog.at_level(logging.WARNING, logger="scalebox_ms"):
+        for text in ("Nan, Inf or huge value in QACC at DOF 0.", "Nan, Inf or huge value in QACC at DOF 0.",
+                     "compiler attribute 'settotalmass' is deprecated and will be removed in a future release"):
+            first(text)
+    assert [r.getMessage() for r in caplog.records] == ["warning: MuJoCo: Nan, Inf or huge value in QACC at DOF 0."]
+
+
+def test_making_an_atari_env_prints_no_ale_banner():
+    """ale-py printed 'A.L.E: Arcade Learning Environment (version ...)' and '[Powered by Stella]' on stderr."""
+    code = ("from scalebox_ms.envs import make_vec_env\n"
+            "env = make_vec_env('ALE/Breakout-v5', 1, preprocess='auto'); env.reset(seed=0); env.close()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "A.L.E" not in r.stderr and "Stella" not in r.stderr, r.stderr
+
+
 def test_legacy_atari_ids_are_recognised_and_preprocessed_without_sticky_actions():
     """rl-zoo3 trains on BreakoutNoFrameskip-v4 (ale-py registers it when imported): it used to be an 'unknown
     environment' because only ALE/ ids imported ale-py, and got no Atari preprocessing."""

@@ -58,7 +58,7 @@ def test_restart_warnings_number_envs_as_the_run_does_under_data_parallelism(cap
     try:
         with caplog.at_level("WARNING", logger="scalebox_ms"):
             drive(c.env, steps=6)
-        warned = sorted(int(r.getMessage().split()[2]) for r in caplog.records if "worker restarted" in r.getMessage())
+        warned = sorted(int(r.getMessage().split()[3]) for r in caplog.records if "worker restarted" in r.getMessage())
         assert warned == [2, 3]
         assert sorted(e["env"] for e in c.env.events) == [0, 1]  # (the env's own indices, as evaluation reads them)
     finally:

@@ -94,6 +94,48 @@ def test_a_resume_removes_trains_own_temporaries_but_not_a_running_exports(run_c
     assert all(os.path.exists(path) for path in odd)  # (not an export's name: left alone, no traceback)
 
 
+def test_a_trained_run_whose_checkpoints_are_gone_is_refused_not_restarted(run_copy, tmp_path):
+    """A run whose checkpoints/ was deleted (or is a link to a disk not mounted) was restarted from step 0 with
+    'no checkpoint yet', its metrics.csv cut to nothing."""
+    metrics = open(os.path.join(run_copy, "metrics.csv")).read()
+    ckpts = os.path.join(run_copy, "checkpoints")
+    shutil.move(ckpts, str(tmp_path / "elsewhere"))
+    with pytest.raises(CheckpointError) as e:
+        train_run(resume=run_copy, log=quiet)
+    assert one_line(e) == (f"--resume {run_copy}: {ckpts} is missing, but the run has trained (its metrics.csv and "
+                           "summary.json): restore its checkpoints, or start a new run from its config in another "
+                           f"directory: --config {run_copy}/config.yaml --run-dir <new dir>")
+    os.symlink(str(tmp_path / "not-mounted"), ckpts)
+    with pytest.raises(CheckpointError, match=r"checkpoints is a link to a missing directory, but the run has"):
+        train_run(resume=run_copy, log=quiet)
+    assert open(os.path.join(run_copy, "metrics.csv")).read() == metrics
+    os.unlink(ckpts)
+    shutil.move(str(tmp_path / "elsewhere"), ckpts)
+    assert train_run(resume=run_copy, log=quiet)["global_step"] == 256
+
+
+def test_a_checkpoint_copied_in_under_another_number_is_not_the_runs_latest(run_copy):
+    """ckpt_000000000000 copied to ckpt_1000 (a number, not the run's 12-digit step) became the latest: evaluate
+    used it and a resume rewound the run to step 0, moving its real latest checkpoint to discarded/."""
+    from scalebox_ms.trainers.checkpoint import resolve_checkpoint
+
+    for ext in (".ckpt", ".json", ".env.pkl"):
+        shutil.copy(ckpt(run_copy, 0, ext), os.path.join(run_copy, "checkpoints", "ckpt_1000" + ext))
+    assert resolve_checkpoint(run_copy) == ckpt(run_copy, 192, "")
+    lines = []
+    assert train_run(resume=run_copy, log=lines.append)["global_step"] == 256
+    assert any(line.startswith(f"resumed {run_copy} at step 192 from ckpt_000000000192") for line in lines), lines
+    assert not os.path.exists(os.path.join(run_copy, "checkpoints", "discarded"))
+
+
+def test_a_run_moved_while_it_trains_is_not_created_again_by_its_failed_summary(tmp_path):
+    from scalebox_ms.trainers.lifecycle import failed_summary
+
+    run_dir = tmp_path / "moved"
+    failed_summary(small_config(), str(run_dir), str(run_dir / "checkpoints"), RuntimeError("x"))
+    assert not run_dir.exists()
+
+
 def test_each_resumed_session_is_recorded_in_environment_json(run_copy):
     """environment.json was written by a run's first session only: a run continued by another version of the code
     (or of MindSpore) looked like one trained by the first."""
@@ -337,8 +379,11 @@ def test_a_learning_curve_that_cannot_be_written_is_a_warning_and_the_run_comple
 def test_without_matplotlib_or_tqdm_the_run_completes_with_warnings(run_copy, monkeypatch):
     """A matplotlib that could not be imported ended a completed run with a traceback and no summary.json; a missing
     tqdm did so after the run directory was written (with the progress bar on, the default)."""
+    from scalebox_ms.trainers import progress
+
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setattr(progress, "stderr_is_a_terminal", lambda: True)  # (off a terminal tqdm is not imported)
     lines = []
     summary = train_run(resume=run_copy, log=lines.append, progress=True)
     assert summary["status"] == "completed"
@@ -561,10 +606,10 @@ def closing(self):
         kill()
         print("signalled in close", file=sys.stderr)
     close(self)
-def printing(text):
+def printing(text, *kept_in):
     if where == "print":
         kill()
-    say_out(text)
+    say_out(text, *kept_in)
 Trainer.close, train.say_out = closing, printing
 sys.argv = ["train", "--run-dir", run_dir, "--total-steps", "128", "--set", "env.num_envs=4", "--set",
             "ppo.n_steps=16", "--set", "ppo.batch_size=32", "--set", "run.eval_episodes=0", "--no-progress"]

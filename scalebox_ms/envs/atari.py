@@ -132,6 +132,9 @@ def import_ale(preprocess: str = "atari") -> None:
         if why:
             raise ConfigError(f"env.id: Atari envs need ale-py and opencv: {package} is {why}; reinstall it: "
                               "pip install -e \".[atari]\"")
+    import ale_py
+
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # (its banner at every game made; errors still show)
 
 
 def _gym_wrapper():

@@ -99,6 +99,8 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: unknown environment {short_repr(env_id)} ({first_line(exc)})") from None
+    if isinstance(spec.entry_point, str) and spec.entry_point.startswith("gymnasium.envs.mujoco"):
+        route_mujoco_warnings()
     # (env.kwargs.max_episode_steps -1: gymnasium's "no TimeLimit", as for an env registered without one)
     unlimited = kwargs.get("max_episode_steps", spec.max_episode_steps) in (None, -1)
     if evaluation and unlimited and not ale:  # (ALE cuts its games itself: max_num_frames_per_episode)
@@ -146,6 +148,27 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     return _probed(env, env_id, kwargs)
 
 
+def route_mujoco_warnings() -> None:
+    """MuJoCo's warnings through the ``scalebox_ms`` logger, each distinct one once, instead of MuJoCo's own handler
+    (stderr, and a ``MUJOCO_LOG.TXT`` appended in the working directory). Dropped: the deprecation of
+    ``settotalmass`` in gymnasium's own model files, printed twice per process whatever the user does."""
+    try:
+        import mujoco
+    except Exception:  # (not installed, or broken: gymnasium's own error names it when the env is made)
+        return
+    if getattr(mujoco.get_mju_user_warning(), "scalebox_ms", False):
+        return
+    seen = set()
+
+    def warn(text: str) -> None:
+        if "'settotalmass' is deprecated" not in text and text not in seen:
+            seen.add(text)
+            logging.getLogger("scalebox_ms").warning(f"warning: MuJoCo: {text}")
+
+    warn.scalebox_ms = True
+    mujoco.set_mju_user_warning(warn)
+
+
 def _worker_start_hint(failure: str) -> str:
     """What to do about an isolated worker that failed while starting (``failure``: its error's text)."""
     if re.search(r"\b(Name|Namespace|Version)NotFound\b", failure):  # (registered in this process only)
@@ -181,7 +204,7 @@ def close_env(env, env_id: str) -> None:
     try:
         env.close()
     except Exception as exc:
-        logging.getLogger("scalebox_ms").warning("env %r: close() raised %s: %s", env_id, type(exc).__name__,
+        logging.getLogger("scalebox_ms").warning("warning: env %r: close() raised %s: %s", env_id, type(exc).__name__,
                                                  first_line(exc))
 
 

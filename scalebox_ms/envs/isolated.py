@@ -183,7 +183,7 @@ class IsolatedVectorEnv:
         self._workers[i].kill()
         event = {"env": i, "kind": failure.kind, "detail": failure.detail.splitlines()[0][:300]}
         self.events.append(event)
-        log.warning("isolated env %d (%s): %s -> worker restarted, episode truncated", i + self.index_offset,
+        log.warning("warning: isolated env %d (%s): %s -> worker restarted, episode truncated", i + self.index_offset,
                     failure.kind, event["detail"])
         self._workers[i] = self._start()
         self._needs_reset[i] = self._fresh[i] = True

@@ -110,7 +110,8 @@ def probe(runner, tensors, scalars, B: int, timed_steps: int = 6, warmup: int = 
         if not ran:
             raise
         chosen = min(ran)
-        runner.log.warning("dynamic batching: no size fits the %s-byte budget by estimate; using %d", budget, chosen)
+        runner.log.warning("warning: dynamic batching: no size fits the %s-byte budget by estimate; using %d", budget,
+                           chosen)
     runner.log.info("dynamic batching: chose minibatch %d of %d candidates (%s)", chosen, len(table),
                     ", ".join(f"{r['batch_size']}: {r['samples_per_s']:.0f}/s" for r in table))
     return chosen, {"chosen": chosen, "table": table, "events": [], "memory_budget_bytes": budget}

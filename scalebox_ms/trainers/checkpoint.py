@@ -215,7 +215,7 @@ def resolve_checkpoint(path: str) -> str:
         found = list_checkpoints(path)
         if not found:
             ckpt_dir = os.path.join(path, "checkpoints")
-            found = list_checkpoints(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+            found = list_checkpoints(ckpt_dir, own=True) if os.path.isdir(ckpt_dir) else []
         if not found:
             raise CheckpointError(f"no checkpoint found in {path}")
         return found[-1]
@@ -281,12 +281,14 @@ CHECKPOINT_NAME = re.compile(r"ckpt_(\d+)")
 AUTO_NAME = re.compile(r"ckpt_(\d{12})")
 
 
-def list_checkpoints(directory: str) -> List[str]:
+def list_checkpoints(directory: str, own: bool = False) -> List[str]:
     """Complete checkpoints (sidecar present) named ``ckpt_<number>`` in ``directory``, oldest (lowest number)
-    first; other names (a user's ``ckpt_best``) are not the run's."""
+    first; other names (a user's ``ckpt_best``) are not the run's. ``own``: a run's ``checkpoints/``, whose own
+    names are ``ckpt_<12-digit step>`` (a ``ckpt_1000`` copied in was taken for its latest and rewound the run)."""
     found = []
+    name = AUTO_NAME if own else CHECKPOINT_NAME
     for path in glob.glob(os.path.join(glob.escape(directory), "ckpt_*.json")):
-        m = CHECKPOINT_NAME.fullmatch(os.path.basename(path)[: -len(".json")])
+        m = name.fullmatch(os.path.basename(path)[: -len(".json")])
         if m:
             found.append((int(m.group(1)), path[: -len(".json")]))
     return [prefix for _, prefix in sorted(found)]
@@ -360,9 +362,10 @@ def _intact(prefix: str, sidecar: dict, key: str, ext: str) -> bool:
 
 
 def newest_intact(directory: str, check_replay: bool = True) -> Tuple[Optional[str], Dict[str, str]]:
-    """The newest checkpoint in ``directory`` that verifies, and {prefix: why} for the newer ones that do not."""
+    """The newest of a run's own checkpoints in ``directory`` that verifies, and {prefix: why} for the newer ones
+    that do not."""
     broken: Dict[str, str] = {}
-    for prefix in reversed(list_checkpoints(directory)):
+    for prefix in reversed(list_checkpoints(directory, own=True)):
         try:
             verify_checkpoint(prefix, check_replay)
         except CheckpointError as exc:
@@ -407,7 +410,7 @@ def read_checkpoint(path: str, replay: bool = True, check_replay: bool = True) -
 
 def prune_checkpoints(directory: str, keep: int) -> None:
     """Remove all but the ``keep`` newest of a run's own checkpoints (``ckpt_<12 digits>``) in ``directory``."""
-    own = [p for p in list_checkpoints(directory) if AUTO_NAME.fullmatch(os.path.basename(p))]
+    own = list_checkpoints(directory, own=True)
     for prefix in own[:-keep]:
         for ext in EXTENSIONS:  # sidecar first: an interrupted prune leaves no half checkpoint
             if os.path.exists(prefix + ext):

@@ -54,7 +54,10 @@ AUTO_OPTIMIZER_MAX_ELEMENTS = 262_144
 
 
 def _report(key: str, choice: str, chosen: str, reason: str, fallback: bool = False) -> None:
-    (log.warning if fallback else log.info)("%s %s: %s (%s)", key, choice, chosen, reason)
+    if chosen == choice:  # ('policy.act_kernel: builtin (as configured)', not 'builtin: builtin')
+        (log.warning if fallback else log.info)("%s: %s (%s)", key, chosen, reason)
+    else:
+        (log.warning if fallback else log.info)("%s %s: %s (%s)", key, choice, chosen, reason)
 
 
 def model_macs(model) -> int:
@@ -251,7 +254,7 @@ def select_conv_backend(policy_cfg, model, device: str) -> str:
                 cnn.set_onednn(False)
             _report("policy.conv_backend", choice, "im2col", f"oneDNN has only reference code for {slow[0]} here")
             return "im2col"
-        log.warning("policy.conv_backend onednn: oneDNN has only reference code for %s here (slow)", slow[0])
+        log.warning("warning: policy.conv_backend onednn: oneDNN has only reference code for %s here (slow)", slow[0])
     _report("policy.conv_backend", choice, "oneDNN", "CPU" if choice == "auto" else "as configured")
     return "onednn"
 

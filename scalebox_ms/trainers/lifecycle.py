@@ -43,6 +43,8 @@ def select_checkpoint(run_dir: str, chosen: Optional[str], check_replay: bool = 
             raise
         return prefix
     prefix, broken = newest_intact(ckpt_dir, check_replay) if os.path.isdir(ckpt_dir) else (None, {})
+    if prefix is None and not broken:
+        _refuse_a_trained_run_without_checkpoints(run_dir, ckpt_dir)
     if not broken:
         return prefix
     latest = next(iter(broken))  # (newest_intact fills it newest first)
@@ -57,6 +59,24 @@ def select_checkpoint(run_dir: str, chosen: Optional[str], check_replay: bool = 
     raise CheckpointError(f"--resume {run_dir}: the latest checkpoint {os.path.basename(latest)} is unusable "
                           f"({why}); the newest intact one is {os.path.basename(prefix)}: continue from it with "
                           f"--checkpoint {prefix}.json")
+
+
+def _refuse_a_trained_run_without_checkpoints(run_dir: str, ckpt_dir: str) -> None:
+    """A run without checkpoints starts again from step 0 only where it never trained (killed between its
+    config.yaml and ckpt_0): a run whose checkpoints/ is gone (deleted, a link to a disk not mounted) was
+    restarted from 0, its metrics.csv cut to nothing."""
+    rows = read_metrics(os.path.join(run_dir, "metrics.csv")) or []
+    trained = len(rows) > 1 or os.path.exists(os.path.join(run_dir, "summary.json"))
+    dangling = os.path.islink(ckpt_dir) and not os.path.exists(ckpt_dir)
+    if dangling and not trained:
+        raise CheckpointError(f"--resume {run_dir}: {ckpt_dir} is a link to a missing directory: restore it (or "
+                              "remove the link to start the run again from step 0)")
+    if trained:
+        what = ("a link to a missing directory" if dangling else "missing" if not os.path.exists(ckpt_dir)
+                else "without checkpoints")
+        raise CheckpointError(f"--resume {run_dir}: {ckpt_dir} is {what}, but the run has trained (its metrics.csv "
+                              "and summary.json): restore its checkpoints, or start a new run from its config in "
+                              f"another directory: --config {os.path.join(run_dir, 'config.yaml')} --run-dir <new dir>")
 
 
 def _only_replay_lost(prefix: str) -> bool:
@@ -81,7 +101,7 @@ def discard_newer(run_dir: str, step: int, log) -> None:
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     later = []
     for path in glob.glob(os.path.join(glob.escape(ckpt_dir), "ckpt_*")):
-        m = re.match(r"ckpt_(\d+)\.", os.path.basename(path))
+        m = re.match(r"ckpt_(\d{12})\.", os.path.basename(path))  # (the run's own names; a user's ckpt_7 stays)
         if m and int(m.group(1)) > step:
             later.append((path, m.group(0)[:-1]))
     if not later:
@@ -204,7 +224,10 @@ def record_session(run_dir: str, cfg, trainer, log) -> None:
 
 def failed_summary(cfg, run_dir: str, ckpt_dir: str, exc: Exception) -> None:
     """summary.json of a run an error stopped: ``status`` 'failed', the error's line and the step of the checkpoint
-    ``--resume`` continues from (its newest intact one). Nothing here may replace the error being reported."""
+    ``--resume`` continues from (its newest intact one). Nothing here may replace the error being reported, nor
+    re-create a run directory moved or deleted while it trained (its config.yaml is gone: nothing is written)."""
+    if not os.path.isfile(os.path.join(run_dir, "config.yaml")):
+        return
     try:
         prefix, _ = newest_intact(ckpt_dir, cfg.run.save_replay)
         summary = {"status": "failed", "error": first_line(exc), "env_id": cfg.env.id, "algo": cfg.algo,

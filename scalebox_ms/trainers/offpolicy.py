@@ -431,9 +431,9 @@ class OffPolicyTrainer(Trainer):
         if arrays is not None:
             self.replay.load_state_dict(arrays)  # (another buffer_size: oldest first, the newest that fit)
             if len(self.replay) < int(arrays["_size"]):
-                self.log.warning(f"replay: the checkpoint holds {int(arrays['_size'])} transitions, more than this "
-                                 f"trainer's buffer_size {self.replay.capacity}: the newest {len(self.replay)} are "
-                                 "kept")
+                self.log.warning(f"warning: replay: the checkpoint holds {int(arrays['_size'])} transitions, more "
+                                 f"than this trainer's buffer_size {self.replay.capacity}: the newest "
+                                 f"{len(self.replay)} are kept")
         elif self._replay_rows or len(self.replay):
             self.replay.clear()
         self._replay_rows = len(self.replay)

@@ -19,7 +19,6 @@ import math
 import os
 import re
 import shutil
-import sys
 import time
 from typing import List, Optional
 
@@ -31,6 +30,7 @@ from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, 
 from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, environment_record, failed_summary,
                         read_metrics, record_session, remove_stale_temporaries, select_checkpoint, truncate_metrics)
 from .core import Callback
+from .progress import ProfileIterations, ProgressBar
 from .metrics_file import (METRIC_COLUMNS, OFF_POLICY_COLUMNS, TIMING_COLUMNS, MetricsWriter,  # noqa: F401
                            plot_learning_curve)
 
@@ -62,77 +62,6 @@ class CheckpointSaver(Callback):
                                   "moved while training); stopping without writing")
         trainer.save(checkpoint_prefix(self.directory, trainer.global_step))
         prune_checkpoints(self.directory, self.keep)
-
-
-class ProgressBar(Callback):
-    """tqdm bar over env steps with steps/s and the mean episode return (no tqdm: a warning, no bar)."""
-
-    def __init__(self, total: int, log=print):
-        self.total, self.bar = total, None
-        try:
-            from tqdm import tqdm
-        except Exception as exc:  # (missing, or broken)
-            log(f"warning: tqdm cannot be imported ({type(exc).__name__}: {exc}): no progress bar; pip install tqdm")
-            tqdm = None
-        self.tqdm = tqdm
-
-    def on_training_start(self, trainer):
-        self.bar = self.tqdm and self.tqdm(total=self.total, initial=trainer.global_step, unit="step", unit_scale=True,
-                                           dynamic_ncols=True, file=sys.stderr, desc=trainer.config.env.id)
-
-    def on_iteration_end(self, trainer, metrics):
-        if self.bar is None:
-            return  # (no tqdm)
-        self.bar.update(metrics["global_step"] - self.bar.n)
-        ret = metrics["episode_return_mean"]
-        self.bar.set_postfix({"steps/s": f"{metrics['steps_per_second']:.0f}",
-                              "return": "n/a" if math.isnan(ret) else f"{ret:.1f}"}, refresh=False)
-
-    def on_training_end(self, trainer):
-        if self.bar is not None:
-            self.bar.close()
-
-
-class ProfileIterations(Callback):
-    """Record ``n`` iterations with MindSpore's profiler into ``directory`` (skipping the first, compiling, one)."""
-
-    def __init__(self, directory: str, n: int):
-        self.directory, self.n = directory, n
-        self.prof = None
-        self.recorded = 0
-        self.done = False
-
-    def on_iteration_end(self, trainer, metrics):
-        if self.done:
-            return None
-        if self.prof is None:
-            from mindspore import Profiler
-
-            os.makedirs(self.directory, exist_ok=True)
-            self.prof = Profiler(output_path=self.directory, start_profile=False)
-            self.prof.start()
-            return None
-        self.recorded += 1
-        if self.recorded >= self.n:
-            self._finish()
-        return None
-
-    def on_training_end(self, trainer):
-        if self.prof is not None and not self.done:
-            self._finish()
-
-    def _finish(self):
-        self.prof.stop()
-        sys.stdout.flush()
-        saved = os.dup(1)
-        try:  # the analysis (and its worker processes) print progress on fd 1: keep stdout for our JSON
-            os.dup2(2, 1)
-            self.prof.analyse()
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-        self.done = True
 
 
 def _mean_or_nan(values) -> float:
@@ -314,7 +243,7 @@ def _train(cfg, run_dir, prefix, resuming, until, progress, log, profile, distri
                     raise ConfigError(f"--run-dir {run_dir}: cannot write ({exc.strerror})") from None
             if trainer.dist.is_main:
                 trainer.save(checkpoint_prefix(os.path.join(run_dir, "checkpoints"), 0))  # resumable from here on
-                log(f"run directory: {run_dir}  (device {trainer.sandbox.device}"
+                log(f"run directory: {run_dir} (device {trainer.sandbox.device}"
                     + (f", {trainer.world_size} data-parallel ranks over {trainer.dist.backend})"
                        if distributed else ")"))
         stopper.install()
@@ -353,10 +282,10 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
     # collectives, evaluations before the stopper, as in _follow)
     callbacks: List[Callback] = [writer] + evals + [saver, stopper, ProgressBeat()]
     show = cfg.run.progress if progress is None else progress
-    if show:
+    if show and trainer.global_step < min(cfg.run.total_steps, until or cfg.run.total_steps):  # (else nothing runs)
         callbacks.append(ProgressBar(cfg.run.total_steps, log))
     if profile > 0:
-        callbacks.append(ProfileIterations(os.path.join(run_dir, "profile"), profile))
+        callbacks.append(ProfileIterations(os.path.join(run_dir, "profile"), profile, log))
     solved_before = _solved_at_checkpoint(trainer, cfg)
     if solved_before is not None and evals:  # --resume of a solved run whose bar still stands: nothing to train
         evals[0].solved = solved_before
@@ -371,7 +300,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
         raise
     finally:
         writer.close()
-    if not list_checkpoints(ckpt_dir) or not list_checkpoints(ckpt_dir)[-1].endswith(f"{trainer.global_step:012d}"):
+    own = list_checkpoints(ckpt_dir, own=True)
+    if not own or not own[-1].endswith(f"{trainer.global_step:012d}"):
         saver.save(trainer)
     per_rank = _rank_hashes(trainer)
     plot_learning_curve(metrics_path, os.path.join(run_dir, "learning_curve.png"),
@@ -411,6 +341,8 @@ def _learn_and_summarise(trainer, cfg, run_dir, until, progress, log, profile, s
 
         from .evaluation import EvaluationError, EvaluationInterrupted, evaluate_policy
 
+        if show:  # (Atari's 10 games took minutes without a word)
+            log(f"evaluating {cfg.run.eval_episodes} episode(s) of {cfg.env.id} (seed {eval_seed(cfg)})")
         try:  # training and its checkpoint are complete: an evaluation that gives up is recorded, not fatal
             rets, eval_error = evaluate_policy(trainer, episodes=cfg.run.eval_episodes, seed=eval_seed(cfg),
                                                should_stop=lambda: stopper.signum is not None), None

@@ -293,12 +293,12 @@ def load(trainer, path: str, replay: bool = True):
     else:  # (not saved, or not read: empty, whatever this trainer collected before)
         trainer._restore_replay(None)
         if replay and sc.get("replay_saved") is False and sc.get("replay_size"):
-            trainer.log.warning("checkpoint was saved without its replay buffer (run.save_replay: false): the buffer "
-                                "starts empty (training resumed from here refills it)")
+            trainer.log.warning("warning: checkpoint was saved without its replay buffer (run.save_replay: false): the "
+                                "buffer starts empty (training resumed from here refills it)")
         elif replay and ck["replay_lost"]:
-            trainer.log.warning(f"checkpoint {os.path.basename(ck['prefix'])}: its replay buffer file is missing or "
-                                "corrupt; with run.save_replay: false the buffer starts empty (training resumed from "
-                                "here refills it)")
+            trainer.log.warning(f"warning: checkpoint {os.path.basename(ck['prefix'])}: its replay buffer file is "
+                                "missing or corrupt; with run.save_replay: false the buffer starts empty (training "
+                                "resumed from here refills it)")
     if c.obs_normalizer is not None and sc.get("obs_normalizer"):
         c.obs_normalizer.load_state_dict(sc["obs_normalizer"])
     if c.reward_scaler is not None and sc.get("reward_scaler"):
@@ -328,7 +328,7 @@ def load(trainer, path: str, replay: bool = True):
         # the checkpoint's pickled envs are not this trainer's (another env.kwargs or backend, e.g. fine-tuning on
         # changed dynamics; isolated workers): keep this trainer's envs, fresh episodes seeded from (seed, step)
         changed = " and ".join(changes)
-        trainer.log.warning(f"checkpoint {os.path.basename(ck['prefix'])}: its envs were built with another "
+        trainer.log.warning(f"warning: checkpoint {os.path.basename(ck['prefix'])}: its envs were built with another "
                             f"{changed} than this trainer's: its in-flight episodes are not restored; this "
                             "trainer's envs start fresh episodes")
         fresh_episodes()

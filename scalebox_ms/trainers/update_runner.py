@@ -136,8 +136,8 @@ class UpdateRunner:
                 smaller = halve(self.batch_size, B, self.cfg.min_batch) if is_oom_error(exc) else None
                 if smaller is None:
                     raise
-                self.log.warning("dynamic batching: out of memory at batch %d, retrying with %d", self.batch_size,
-                                 smaller)
+                self.log.warning("warning: dynamic batching: out of memory at batch %d, retrying with %d",
+                                 self.batch_size, smaller)
                 self.auto_batch["events"].append({"global_step": global_step, "oom_at": self.batch_size,
                                                   "retry_with": smaller})
                 self.batch_size = smaller
