@@ -356,7 +356,8 @@ def main(argv=None) -> int:
             trainer, ckpt = acting_trainer(cfg, args.run, args.checkpoint)
         sidecar = export_mindir(trainer, output, int8=args.int8, quant_level=level, calibrate_steps=calibrate_steps,
                                 activation_calibration=calib,
-                                percentile=99.99 if args.percentile is None else args.percentile, source=ckpt)
+                                percentile=99.99 if args.percentile is None else args.percentile,
+                                source=os.path.abspath(ckpt))  # (it was relative to export's working directory)
         trainer.close()
         written = f"{output} and {sidecar_path(output)}"
         if args.json:

@@ -184,8 +184,10 @@ def test_export_and_evaluate_cli(tmp_path):
     r = run_module("evaluate", "--mindir", sc["path"], "--episodes", 3, "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["episodes"] == 3
-    r = run_module("export", "--run", run_dir)
-    assert r.returncode == 0 and os.path.exists(run_dir / "policy.mindir")
+    r = run_module("export", "--run", "run", cwd=tmp_path)  # (a relative --run: the sidecar names the checkpoint
+    assert r.returncode == 0 and os.path.exists(run_dir / "policy.mindir")  # absolutely, not from export's cwd)
+    with open(run_dir / "policy.mindir.json") as f:
+        assert json.load(f)["source_checkpoint"] == str(run_dir / "checkpoints" / "ckpt_000000000512")
 
 
 @pytest.fixture(scope="module")

@@ -128,6 +128,17 @@ def test_a_checkpoint_copied_in_under_another_number_is_not_the_runs_latest(run_
     assert not os.path.exists(os.path.join(run_copy, "checkpoints", "discarded"))
 
 
+def test_a_discarded_checkpoint_given_to_resume_says_where_it_went(run_copy):
+    """It was refused as 'not one of the run's checkpoints': it is the run's own, moved aside by an earlier resume."""
+    train_run(resume=run_copy, checkpoint=ckpt(run_copy, 64), until=128, log=quiet)
+    discarded = os.path.join(run_copy, "checkpoints", "discarded", "ckpt_000000000192.json")
+    assert os.path.exists(discarded)
+    with pytest.raises(ConfigError) as e:
+        train_run(resume=run_copy, checkpoint=discarded, log=quiet)
+    assert one_line(e) == (f"--checkpoint {discarded}: a checkpoint an earlier resume moved to discarded/; move its "
+                           f"files back into {os.path.join(run_copy, 'checkpoints')} to continue from it")
+
+
 def test_a_run_moved_while_it_trains_is_not_created_again_by_its_failed_summary(tmp_path):
     from scalebox_ms.trainers.lifecycle import failed_summary
 

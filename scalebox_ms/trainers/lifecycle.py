@@ -33,7 +33,11 @@ def select_checkpoint(run_dir: str, chosen: Optional[str], check_replay: bool = 
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     if chosen is not None:
         prefix = resolve_checkpoint(chosen)
-        if os.path.realpath(os.path.dirname(prefix)) != os.path.realpath(ckpt_dir):
+        where = os.path.realpath(os.path.dirname(prefix))
+        if where != os.path.realpath(ckpt_dir):
+            if where.startswith(os.path.join(os.path.realpath(ckpt_dir), "discarded")):
+                raise ConfigError(f"--checkpoint {chosen}: a checkpoint an earlier resume moved to discarded/; move "
+                                  f"its files back into {ckpt_dir} to continue from it")
             raise ConfigError(f"--checkpoint {chosen}: not one of {run_dir}'s checkpoints (in {ckpt_dir})")
         try:
             verify_checkpoint(prefix, check_replay)
