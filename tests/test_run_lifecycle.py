@@ -128,6 +128,23 @@ def test_a_checkpoint_copied_in_under_another_number_is_not_the_runs_latest(run_
     assert not os.path.exists(os.path.join(run_copy, "checkpoints", "discarded"))
 
 
+def test_a_run_directory_too_long_for_its_files_is_refused_before_anything_is_written(tmp_path):
+    """A run-dir path near PATH_MAX got config.yaml and environment.json, then failed at ckpt_0 ('File name too
+    long'): neither --resume nor a fresh start into it could continue."""
+    base = str(tmp_path)
+    run_dir = os.path.join(base, *["d" * 200] * ((4060 - len(base)) // 201))
+    run_dir = os.path.join(run_dir, "r" * (4060 - len(run_dir) - 1))  # (4,060 bytes: the path itself is legal)
+    assert len(run_dir) == 4060
+    with pytest.raises(ConfigError) as e:
+        train_run(small_config(), run_dir=run_dir, log=quiet)
+    from scalebox_ms.trainers.lifecycle import LONGEST_RUN_PATH
+
+    assert one_line(e).startswith("--run-dir /") and one_line(e).endswith(  # (the long path itself shortened)
+        f": too long a path: the files a run writes below it need up to {4061 + len(LONGEST_RUN_PATH)} bytes, more "
+        "than the system's limit of 4095")
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_discarded_checkpoint_given_to_resume_says_where_it_went(run_copy):
     """It was refused as 'not one of the run's checkpoints': it is the run's own, moved aside by an earlier resume."""
     train_run(resume=run_copy, checkpoint=ckpt(run_copy, 64), until=128, log=quiet)

@@ -83,6 +83,24 @@ def _refuse_a_trained_run_without_checkpoints(run_dir: str, ckpt_dir: str) -> No
                               f"another directory: --config {os.path.join(run_dir, 'config.yaml')} --run-dir <new dir>")
 
 
+#: the longest path train writes below a run directory: a checkpoint's replay file being staged
+LONGEST_RUN_PATH = os.path.join("checkpoints", ".tmp-ckpt_000000000000.replay.npz-xxxxxxxx.npz")
+
+
+def check_path_length(run_dir: str, flag: str) -> None:
+    """A run directory whose files would pass the system's path limit (PATH_MAX) is refused before anything is
+    written: it got config.yaml and environment.json, then failed at ckpt_0, and neither --resume nor a fresh start
+    into it could continue."""
+    try:
+        limit = os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        limit = 4096
+    longest = len(os.fsencode(os.path.join(os.path.abspath(run_dir), LONGEST_RUN_PATH)))
+    if longest >= limit:
+        raise ConfigError(f"{flag} {run_dir}: too long a path: the files a run writes below it need up to {longest} "
+                          f"bytes, more than the system's limit of {limit - 1}")
+
+
 def _only_replay_lost(prefix: str) -> bool:
     """Whether the checkpoint is intact but for its replay buffer's file."""
     try:

@@ -27,8 +27,9 @@ from ..errors import CheckpointError, ConfigError
 from ..fileio import atomic_write_json, atomic_write_text
 from .callbacks import EvalCallback, ProgressBeat, eval_seed
 from .checkpoint import checkpoint_prefix, list_checkpoints, prune_checkpoints, read_sidecar
-from .lifecycle import (StopOnSignal, check_config_unchanged, discard_newer, environment_record, failed_summary,
-                        read_metrics, record_session, remove_stale_temporaries, select_checkpoint, truncate_metrics)
+from .lifecycle import (StopOnSignal, check_config_unchanged, check_path_length, discard_newer, environment_record,
+                        failed_summary, read_metrics, record_session, remove_stale_temporaries, select_checkpoint,
+                        truncate_metrics)
 from .core import Callback
 from .progress import ProfileIterations, ProgressBar
 from .metrics_file import (METRIC_COLUMNS, OFF_POLICY_COLUMNS, TIMING_COLUMNS, MetricsWriter,  # noqa: F401
@@ -154,6 +155,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
         cfg_path = os.path.join(run_dir, "config.yaml")
         if not os.path.isdir(run_dir) or not os.path.exists(cfg_path):
             raise CheckpointError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+        check_path_length(run_dir, "--resume")
         if first_rank and not held_by_launcher(run_dir):
             lock = RunLock(run_dir).acquire()
     try:
@@ -171,6 +173,7 @@ def train_run(cfg: Optional[Config] = None, run_dir: Optional[str] = None, resum
             run_dir = run_dir or default_run_dir(cfg)
             if os.path.exists(run_dir) and not os.path.isdir(run_dir):  # (was "already exists and is not empty")
                 raise ConfigError(f"--run-dir {run_dir}: is a file, not a directory")
+            check_path_length(run_dir, "--run-dir")
             if first_rank and in_use(run_dir):
                 raise ConfigError(f"--run-dir {run_dir}: already exists and is not empty (use --resume to continue it)")
         return _train(cfg, run_dir, prefix, resume is not None, until, progress, log, profile, distributed, lock,
