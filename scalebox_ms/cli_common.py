@@ -38,7 +38,11 @@ def say(line: str) -> None:
     progress bar on the terminal is cleared first and drawn again after (the line landed at the bar's end)."""
     tqdm = sys.modules.get("tqdm")
     try:
-        with tqdm.tqdm.external_write_mode(file=sys.stderr) if tqdm is not None else contextlib.nullcontext():
+        clear = tqdm.tqdm.external_write_mode(file=sys.stderr)
+    except Exception:  # (no tqdm; a stand-in in sys.modules: the line all the same)
+        clear = contextlib.nullcontext()
+    try:
+        with clear:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
     except (OSError, AttributeError, ValueError):  # (AttributeError: sys.stderr is None; ValueError: closed)
@@ -63,8 +67,8 @@ def say_out(text: str, kept_in: str = "") -> None:
         if sys.stdout is not None:
             _drop_unwritten_stdout()
         if kept_in:
-            say(f"warning: stdout: {getattr(exc, 'strerror', None) or type(exc).__name__}: the summary was not "
-                f"printed; it is in {kept_in}")
+            why = "is closed" if sys.stdout is None else f": {getattr(exc, 'strerror', None) or type(exc).__name__}"
+            say(f"warning: stdout{why}: the summary was not printed; it is in {kept_in}")
 
 
 def emit(text: str, written: str = "") -> None:

@@ -426,6 +426,27 @@ def test_progress_is_plain_lines_off_a_terminal_and_lines_logged_under_a_bar_sta
     segment = next(s for s in err.split("\n") if "warning: something" in s)
     assert segment.split("\r")[-1] == "warning: something", repr(segment)
     assert "100%" in err.split("\r")[-1]  # (the last iteration ran past total: the bar still ends at 100%)
+    import types
+
+    sys.modules["tqdm"], real = types.ModuleType("tqdm"), sys.modules["tqdm"]  # (a stand-in without tqdm.tqdm)
+    try:
+        say("still said")
+    finally:
+        sys.modules["tqdm"] = real
+    assert capsys.readouterr().err == "still said\n"
+
+
+def test_a_kernel_fallback_is_a_warning_line(caplog):
+    import logging
+
+    from scalebox_ms.trainers.kernels import _report
+
+    with caplog.at_level(logging.INFO, logger="scalebox_ms"):
+        _report("policy.act_kernel", "auto", "builtin", "the custom kernel cannot be built: x", fallback=True)
+        _report("policy.act_kernel", "builtin", "builtin", "as configured")
+    assert [r.getMessage() for r in caplog.records] == [
+        "warning: policy.act_kernel auto: builtin (the custom kernel cannot be built: x)",
+        "policy.act_kernel: builtin (as configured)"]
 
 
 def test_a_summary_stdout_cannot_take_is_a_warning_and_a_pause_says_how_to_go_on(capsys, monkeypatch):

@@ -495,6 +495,10 @@ def test_mujoco_warnings_go_to_the_log_once_without_gymnasiums_own_deprecation(m
                      "compiler attribute 'settotalmass' is deprecated and will be removed in a future release"):
             first(text)
     assert [r.getMessage() for r in caplog.records] == ["warning: MuJoCo: Nan, Inf or huge value in QACC at DOF 0."]
+    mine = print  # a handler of the user's own stays theirs
+    handler["f"] = mine
+    route_mujoco_warnings()
+    assert handler["f"] is mine
 
 
 def test_making_an_atari_env_prints_no_ale_banner():

@@ -117,11 +117,17 @@ def test_a_trained_run_whose_checkpoints_are_gone_is_refused_not_restarted(run_c
 def test_a_checkpoint_copied_in_under_another_number_is_not_the_runs_latest(run_copy):
     """ckpt_000000000000 copied to ckpt_1000 (a number, not the run's 12-digit step) became the latest: evaluate
     used it and a resume rewound the run to step 0, moving its real latest checkpoint to discarded/."""
+    from scalebox_ms import load_config
+    from scalebox_ms.trainers import acting_trainer
     from scalebox_ms.trainers.checkpoint import resolve_checkpoint
 
     for ext in (".ckpt", ".json", ".env.pkl"):
         shutil.copy(ckpt(run_copy, 0, ext), os.path.join(run_copy, "checkpoints", "ckpt_1000" + ext))
-    assert resolve_checkpoint(run_copy) == ckpt(run_copy, 192, "")
+    assert resolve_checkpoint(run_copy) == resolve_checkpoint(os.path.join(run_copy, "checkpoints")) == \
+        ckpt(run_copy, 192, "")
+    trainer, prefix = acting_trainer(load_config(os.path.join(run_copy, "config.yaml")), run_copy)  # (evaluate's)
+    trainer.close()
+    assert prefix == ckpt(run_copy, 192, "") and trainer.global_step == 192
     lines = []
     assert train_run(resume=run_copy, log=lines.append)["global_step"] == 256
     assert any(line.startswith(f"resumed {run_copy} at step 192 from ckpt_000000000192") for line in lines), lines

@@ -134,7 +134,7 @@ def import_ale(preprocess: str = "atari") -> None:
                               "pip install -e \".[atari]\"")
     import ale_py
 
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # (its banner at every game made; errors still show)
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Warning)  # (its banner at every game made, an info line)
 
 
 def _gym_wrapper():

@@ -99,7 +99,7 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
         spec = gym.spec(registered_id)
     except gym.error.Error as exc:
         raise ConfigError(f"env.id: unknown environment {short_repr(env_id)} ({first_line(exc)})") from None
-    if isinstance(spec.entry_point, str) and spec.entry_point.startswith("gymnasium.envs.mujoco"):
+    if is_mujoco(spec):
         route_mujoco_warnings()
     # (env.kwargs.max_episode_steps -1: gymnasium's "no TimeLimit", as for an env registered without one)
     unlimited = kwargs.get("max_episode_steps", spec.max_episode_steps) in (None, -1)
@@ -148,15 +148,20 @@ def make_vec_env(env_id: str, num_envs: int, kwargs=None, isolation: str = "none
     return _probed(env, env_id, kwargs)
 
 
+def is_mujoco(spec) -> bool:
+    return isinstance(spec.entry_point, str) and spec.entry_point.startswith("gymnasium.envs.mujoco")
+
+
 def route_mujoco_warnings() -> None:
     """MuJoCo's warnings through the ``scalebox_ms`` logger, each distinct one once, instead of MuJoCo's own handler
     (stderr, and a ``MUJOCO_LOG.TXT`` appended in the working directory). Dropped: the deprecation of
-    ``settotalmass`` in gymnasium's own model files, printed twice per process whatever the user does."""
+    ``settotalmass`` in gymnasium's own model files, printed twice per process whatever the user does. A handler
+    the user installed stays."""
     try:
         import mujoco
     except Exception:  # (not installed, or broken: gymnasium's own error names it when the env is made)
         return
-    if getattr(mujoco.get_mju_user_warning(), "scalebox_ms", False):
+    if mujoco.get_mju_user_warning() is not None:  # (ours already, or the user's own)
         return
     seen = set()
 

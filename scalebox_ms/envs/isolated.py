@@ -56,6 +56,10 @@ def _worker(conn, env_id: str, kwargs: dict, memory_limit: Optional[int], wrap=(
 
         if atari.is_atari(env_id):
             atari.import_ale(wrap[0])
+        from .factory import is_mujoco, route_mujoco_warnings
+
+        if ":" not in env_id and env_id in gym.registry and is_mujoco(gym.spec(env_id)):
+            route_mujoco_warnings()  # (this process's own MuJoCo: its warnings through the log, as in the trainer's)
         env = atari.wrap(gym.make(env_id, **kwargs), *wrap)
         while True:
             cmd, arg = conn.recv()

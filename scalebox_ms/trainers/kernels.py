@@ -54,10 +54,12 @@ AUTO_OPTIMIZER_MAX_ELEMENTS = 262_144
 
 
 def _report(key: str, choice: str, chosen: str, reason: str, fallback: bool = False) -> None:
-    if chosen == choice:  # ('policy.act_kernel: builtin (as configured)', not 'builtin: builtin')
-        (log.warning if fallback else log.info)("%s: %s (%s)", key, chosen, reason)
+    line = (f"{key}: {chosen} ({reason})" if chosen == choice  # (not 'policy.act_kernel builtin: builtin')
+            else f"{key} {choice}: {chosen} ({reason})")
+    if fallback:
+        log.warning("warning: %s", line)
     else:
-        (log.warning if fallback else log.info)("%s %s: %s (%s)", key, choice, chosen, reason)
+        log.info("%s", line)
 
 
 def model_macs(model) -> int:

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 from ..errors import CheckpointError, ConfigError, Interrupted, first_line
 from ..fileio import atomic_write_json, atomic_write_text
-from .checkpoint import newest_intact, read_sidecar, resolve_checkpoint, verify_checkpoint
+from .checkpoint import AUTO_NAME, newest_intact, read_sidecar, resolve_checkpoint, verify_checkpoint
 from .ppo import Callback
 
 # config keys a resumed run may change: the horizon (run.total_steps extends or shortens the run, and with it the
@@ -35,7 +35,8 @@ def select_checkpoint(run_dir: str, chosen: Optional[str], check_replay: bool = 
         prefix = resolve_checkpoint(chosen)
         where = os.path.realpath(os.path.dirname(prefix))
         if where != os.path.realpath(ckpt_dir):
-            if where.startswith(os.path.join(os.path.realpath(ckpt_dir), "discarded")):
+            if where.startswith(os.path.join(os.path.realpath(ckpt_dir), "discarded", "")) or \
+                    where == os.path.join(os.path.realpath(ckpt_dir), "discarded"):
                 raise ConfigError(f"--checkpoint {chosen}: a checkpoint an earlier resume moved to discarded/; move "
                                   f"its files back into {ckpt_dir} to continue from it")
             raise ConfigError(f"--checkpoint {chosen}: not one of {run_dir}'s checkpoints (in {ckpt_dir})")
@@ -123,9 +124,10 @@ def discard_newer(run_dir: str, step: int, log) -> None:
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     later = []
     for path in glob.glob(os.path.join(glob.escape(ckpt_dir), "ckpt_*")):
-        m = re.match(r"ckpt_(\d{12})\.", os.path.basename(path))  # (the run's own names; a user's ckpt_7 stays)
+        name = os.path.basename(path).split(".", 1)[0]
+        m = AUTO_NAME.fullmatch(name)  # (the run's own names; a user's ckpt_7 stays)
         if m and int(m.group(1)) > step:
-            later.append((path, m.group(0)[:-1]))
+            later.append((path, name))
     if not later:
         return
     target, n = os.path.join(ckpt_dir, "discarded"), 1
