@@ -33,16 +33,21 @@ class OneLineArgumentParser(argparse.ArgumentParser):
             raise SystemExit(128 + getattr(exc, "signum", signal.SIGINT)) from None
 
 
+def bars_cleared():
+    """A context in which stderr is free of tqdm progress bars (cleared on entry, drawn again on exit); a no-op
+    without tqdm (never imported, or a stand-in in sys.modules)."""
+    tqdm = sys.modules.get("tqdm")
+    try:
+        return tqdm.tqdm.external_write_mode(file=sys.stderr)
+    except Exception:
+        return contextlib.nullcontext()
+
+
 def say(line: str) -> None:
     """One line to stderr; a closed or broken stderr (``2>&-``, a pipe into ``head``) must not stop a run. A
     progress bar on the terminal is cleared first and drawn again after (the line landed at the bar's end)."""
-    tqdm = sys.modules.get("tqdm")
     try:
-        clear = tqdm.tqdm.external_write_mode(file=sys.stderr)
-    except Exception:  # (no tqdm; a stand-in in sys.modules: the line all the same)
-        clear = contextlib.nullcontext()
-    try:
-        with clear:
+        with bars_cleared():
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
     except (OSError, AttributeError, ValueError):  # (AttributeError: sys.stderr is None; ValueError: closed)

@@ -170,7 +170,6 @@ def route_mujoco_warnings() -> None:
             seen.add(text)
             logging.getLogger("scalebox_ms").warning(f"warning: MuJoCo: {text}")
 
-    warn.scalebox_ms = True
     mujoco.set_mju_user_warning(warn)
 
 

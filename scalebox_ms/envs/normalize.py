@@ -147,9 +147,9 @@ class Float32Resolution:
                 x = np.concatenate(rows)
                 # (rows not finite in float32: the collector's own check stops the run on them)
                 x = x[(np.abs(x) <= np.finfo(np.float32).max).all(axis=1)]
-                std = x.std(axis=0) if len(x) else np.zeros(leaf.width)
-                moved = np.abs(x - x.astype(np.float32)).max(axis=0) if len(x) else np.zeros(leaf.width)
-                scale = np.abs(x).max(axis=0) if len(x) else np.zeros(leaf.width)
+                if not len(x):
+                    continue
+                std, moved, scale = x.std(axis=0), np.abs(x - x.astype(np.float32)).max(axis=0), np.abs(x).max(axis=0)
                 lost = np.flatnonzero((std > self.NOISE * scale) & (moved > self.TOLERANCE * std))
                 if lost.size:
                     j = int(lost[0])

@@ -212,11 +212,13 @@ def resolve_checkpoint(path: str) -> str:
         raise CheckpointError(f"the checkpoint path must be a path, got {type(path).__name__}")
     path = os.fspath(path) or "."  # ("": the current directory, where save("") writes)
     if os.path.isdir(path):  # (a run's own ckpt_<12-digit step> names first: a ckpt_1000 copied in is not its latest)
-        found = list_checkpoints(path, own=True) or list_checkpoints(path)
+        def numbered(directory):
+            return list_checkpoints(directory, own=True) or list_checkpoints(directory)
+
+        found = numbered(path)
         if not found:
             ckpt_dir = os.path.join(path, "checkpoints")
-            found = (list_checkpoints(ckpt_dir, own=True) or list_checkpoints(ckpt_dir)) if os.path.isdir(ckpt_dir) \
-                else []
+            found = numbered(ckpt_dir) if os.path.isdir(ckpt_dir) else []
         if not found:
             raise CheckpointError(f"no checkpoint found in {path}")
         return found[-1]

@@ -33,10 +33,10 @@ def select_checkpoint(run_dir: str, chosen: Optional[str], check_replay: bool = 
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     if chosen is not None:
         prefix = resolve_checkpoint(chosen)
-        where = os.path.realpath(os.path.dirname(prefix))
-        if where != os.path.realpath(ckpt_dir):
-            if where.startswith(os.path.join(os.path.realpath(ckpt_dir), "discarded", "")) or \
-                    where == os.path.join(os.path.realpath(ckpt_dir), "discarded"):
+        where, own = os.path.realpath(os.path.dirname(prefix)), os.path.realpath(ckpt_dir)
+        if where != own:
+            discarded = os.path.join(own, "discarded")
+            if os.path.commonpath([where, discarded]) == discarded:
                 raise ConfigError(f"--checkpoint {chosen}: a checkpoint an earlier resume moved to discarded/; move "
                                   f"its files back into {ckpt_dir} to continue from it")
             raise ConfigError(f"--checkpoint {chosen}: not one of {run_dir}'s checkpoints (in {ckpt_dir})")

@@ -102,13 +102,11 @@ class ProfileIterations(Callback):
         self.log(f"profile: {self.recorded} iteration(s) recorded; MindSpore's analysis writes {self.directory}")
         sys.stdout.flush()
         saved = os.dup(1)
-        tqdm = sys.modules.get("tqdm")
+        from ..cli_common import bars_cleared
+
         try:  # the analysis (and its worker processes) print progress on fd 1: keep stdout for our JSON (and the
             os.dup2(2, 1)  # bar off the terminal meanwhile)
-            if tqdm is not None:
-                with tqdm.tqdm.external_write_mode(file=sys.stderr):
-                    self.prof.analyse()
-            else:
+            with bars_cleared():
                 self.prof.analyse()
         finally:
             sys.stdout.flush()
